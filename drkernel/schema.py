@@ -1,0 +1,230 @@
+"""The one result shape and the evaluation options, shared by every layer.
+
+This module imports only the standard library: the sandboxed evaluation process writes an `EvalResult` as JSON,
+and the CLI, the scheduler, the HTTP service and the learning signals read the same shape back.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import json
+import typing
+from dataclasses import dataclass, field
+from typing import Any
+
+
+class Status(str, enum.Enum):
+    """Verdict of one evaluation. Only `CORRECT` earns credit."""
+
+    CORRECT = "correct"
+    INCORRECT = "incorrect"  # ran, but outputs differ from the reference
+    HACKED = "hacked"  # outputs may match, but the candidate cheated (see hack_reasons)
+    COMPILE_ERROR = "compile_error"  # syntax error, import failure, Triton compilation failure
+    RUNTIME_ERROR = "runtime_error"  # raised while building or running ModelNew
+    TIMEOUT = "timeout"  # exceeded the wall-clock limit
+    CRASHED = "crashed"  # the evaluation process died (signal, os._exit, memory limit, killed harness)
+    INVALID = "invalid"  # the task or the request itself is unusable (no ModelNew, broken reference, ...)
+
+
+@dataclass
+class TimingStats:
+    """Timing of one side (reference or candidate). Times in milliseconds."""
+
+    median_ms: float
+    iqr_ms: float
+    mean_ms: float
+    min_ms: float
+    trials: int
+    method: str  # "cuda_event" | "cpu_wall" | "interpreter_wall"
+    wall_median_ms: float | None = None  # host-synchronized wall time per call (CUDA only)
+
+
+@dataclass
+class Timing:
+    reference: TimingStats | None = None
+    candidate: TimingStats | None = None
+    reference_mode: str = "eager"  # "eager" | "compile"
+    note: str = ""  # e.g. that interpreter timings say nothing of GPU speed
+
+
+@dataclass
+class Mismatch:
+    trial: int
+    output: int  # index of the output tensor
+    index: list[int]  # multi-index of the first offending element
+    expected: float | None
+    actual: float | None
+    reason: str  # "value" | "shape" | "dtype" | "device" | "type" | "nonfinite" | "rel_error"
+
+
+@dataclass
+class Correctness:
+    trials: int = 0
+    passed_trials: int = 0
+    max_abs_diff: float | None = None
+    rel_error: float | None = None  # max over trials of ||out - ref|| / ||ref||
+    atol: float | None = None
+    rtol: float | None = None
+    rel_error_bound: float | None = None
+    first_mismatch: Mismatch | None = None
+
+
+@dataclass
+class ErrorInfo:
+    kind: str  # exception class name, or "Timeout", "Signal", "MemoryLimit", ...
+    message: str
+    traceback: str = ""  # trimmed: the frames of the candidate's own code first
+
+
+@dataclass
+class KernelTime:
+    name: str
+    gpu_time_us: float
+    calls: int
+    own: bool  # one of the candidate's own Triton kernels
+
+
+@dataclass
+class Profile:
+    coverage: float | None = None  # own Triton GPU time / all GPU kernel time; None when not measured
+    meaningful: bool = False  # False without a GPU: launch counts only
+    total_gpu_time_us: float | None = None
+    own_gpu_time_us: float | None = None
+    kernels: list[KernelTime] = field(default_factory=list)  # top kernels by GPU time
+    launches: dict[str, int] = field(default_factory=dict)  # own Triton kernel name -> launch count
+    note: str = ""
+
+
+@dataclass
+class Environment:
+    device: str = ""  # GPU name or "cpu"
+    torch: str = ""
+    triton: str = ""
+    python: str = ""
+    interpreter: bool = False  # Triton ran under TRITON_INTERPRET=1
+    gpu: bool = False
+
+
+@dataclass
+class EvalResult:
+    status: str = Status.INVALID.value
+    correct: bool = False  # passed correctness, and no hacking verdict
+    hack_reasons: list[str] = field(default_factory=list)  # reason codes, see drkernel.sandbox.guards
+    hack_details: dict[str, str] = field(default_factory=dict)  # code -> message a model can learn from
+    speedup: float | None = None  # reference median / candidate median
+    speedup_ci: list[float] | None = None  # 95% bootstrap interval of the speedup
+    timing: Timing | None = None
+    correctness: Correctness | None = None
+    error: ErrorInfo | None = None
+    profile: Profile | None = None
+    environment: Environment | None = None
+    notes: list[str] = field(default_factory=list)  # e.g. degenerate task, warnings
+    duration_s: float | None = None  # wall time of the whole evaluation, process start included
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def to_json(self, **kwargs: Any) -> str:
+        return json.dumps(self.to_dict(), allow_nan=False, **kwargs)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> EvalResult:
+        return _build(cls, data)
+
+    @classmethod
+    def from_json(cls, text: str) -> EvalResult:
+        return cls.from_dict(json.loads(text))
+
+    @classmethod
+    def failure(cls, status: Status, kind: str, message: str, traceback: str = "") -> EvalResult:
+        return cls(status=status.value, error=ErrorInfo(kind=kind, message=message, traceback=traceback))
+
+
+@dataclass
+class EvalOptions:
+    """How to evaluate one candidate. Every field has a JSON-friendly type so options travel over HTTP."""
+
+    device: str = "auto"  # "auto" | "cpu" | "cuda"
+    timeout_s: float = 180.0  # wall-clock limit for the whole evaluation, process start included
+    memory_limit_mb: int = 16384  # host memory cap of the evaluation process
+    seed: int = 42
+    correctness_trials: int = 5
+    perf_trials: int = 20  # timed calls per side
+    warmup_trials: int = 3
+    measure_performance: bool = True
+    reference_mode: str = "eager"  # "eager" | "compile" (torch.compile'd reference)
+    atol: float | None = None  # overrides the per-dtype default
+    rtol: float | None = None
+    rel_error_bound: float | None = None  # overrides the per-dtype default of ||out - ref|| / ||ref||
+    check_hacks: bool = True
+    allow_torch_glue: bool = True  # PyTorch ops around the Triton kernels (KernelBench and the paper allow it)
+    profile: bool = True
+    interpreter_max_seconds: float = 60.0  # budget hint for interpreter runs on the CPU
+
+    def __post_init__(self) -> None:
+        if self.device not in ("auto", "cpu", "cuda"):
+            raise ValueError(f"device must be auto, cpu or cuda, not {self.device!r}")
+        if self.reference_mode not in ("eager", "compile"):
+            raise ValueError(f"reference_mode must be eager or compile, not {self.reference_mode!r}")
+        if self.timeout_s <= 0:
+            raise ValueError("timeout_s must be positive")
+        if self.correctness_trials < 1 or self.perf_trials < 1 or self.warmup_trials < 0:
+            raise ValueError("correctness_trials and perf_trials must be >= 1, warmup_trials >= 0")
+        if self.memory_limit_mb < 256:
+            raise ValueError("memory_limit_mb must be at least 256")
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any] | None) -> EvalOptions:
+        data = dict(data or {})
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(f"unknown option(s): {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+        return cls(**data)
+
+
+@dataclass
+class EvalRequest:
+    """One unit of work: a reference source, a candidate source and the options."""
+
+    reference: str
+    candidate: str
+    options: EvalOptions = field(default_factory=EvalOptions)
+    task_name: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> EvalRequest:
+        return cls(
+            reference=data["reference"],
+            candidate=data["candidate"],
+            options=EvalOptions.from_dict(data.get("options")),
+            task_name=data.get("task_name", ""),
+        )
+
+
+def _build(cls: type, data: Any) -> Any:
+    """Rebuild nested dataclasses from plain dicts (the inverse of dataclasses.asdict)."""
+    if data is None:
+        return None
+    hints = typing.get_type_hints(cls)
+    fields = {f.name for f in dataclasses.fields(cls)}
+    return cls(**{k: _coerce(hints[k], v) for k, v in data.items() if k in fields})  # newer fields are ignored
+
+
+def _coerce(annotation: Any, value: Any) -> Any:
+    if value is None:
+        return None
+    if dataclasses.is_dataclass(annotation):
+        return _build(annotation, value)
+    args = typing.get_args(annotation)
+    if typing.get_origin(annotation) is list and args and dataclasses.is_dataclass(args[0]):
+        return [_build(args[0], item) for item in value]
+    nested = [a for a in args if dataclasses.is_dataclass(a)]  # X | None
+    return _build(nested[0], value) if nested else value

@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Create .venv with drkernel installed, without ever pulling CUDA torch from the registry onto a CPU machine.
+# - A machine whose python3 already has CUDA torch (a GPU image): the venv sees those packages and uses them.
+# - Otherwise: CPU torch 2.13.0 from a local wheel (pip's find-links), then drkernel and its extras.
+set -euo pipefail
+VENV=${VENV:-.venv}
+PY=${PYTHON:-python3}
+EXTRAS=${EXTRAS:-dev}
+
+if "$PY" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then
+    echo "setup: CUDA torch found in $PY; the venv reuses the machine's torch and triton"
+    "$PY" -m venv --system-site-packages "$VENV"
+else
+    "$PY" -m venv "$VENV"
+    if ! "$VENV/bin/python" -c 'import torch' 2>/dev/null; then
+        echo "setup: installing CPU torch ${TORCH_VERSION:=2.13.0}"
+        if ! "$VENV/bin/pip" install -q --no-index "torch==$TORCH_VERSION" 2>/dev/null; then
+            # No local wheel: take the CPU build from PyTorch's own index, never the multi-GB CUDA build.
+            "$VENV/bin/pip" install -q "torch==$TORCH_VERSION" --index-url https://download.pytorch.org/whl/cpu
+        fi
+    fi
+fi
+"$VENV/bin/pip" install -q -e ".[$EXTRAS]"
+touch "$VENV/.installed"
