@@ -1,0 +1,151 @@
+"""Supervisor side of the fork server (drkernel.sandbox.zygote): start it, hand it jobs, hear their ends."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import threading
+from dataclasses import dataclass, field
+from typing import IO, Any
+
+READY_TIMEOUT_S = 120.0
+
+# Passed to the sandbox; everything else in the supervisor's environment (tokens, keys, cloud credentials) is not.
+ENV_ALLOWED = re.compile(
+    r"^(PATH|LANG|LC_\w+|TZ|LD_LIBRARY_PATH|PYTHONPATH|VIRTUAL_ENV|CUDA_\w+|NVIDIA_\w+|TRITON_\w+|TORCH_\w+|"
+    r"TORCHINDUCTOR_\w+|OMP_NUM_THREADS|MKL_\w+|NCCL_\w+|NVSHMEM_\w+|CC|CXX)$"
+)
+ENV_SECRET = re.compile(r"TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL|API_?KEY|PRIVATE", re.IGNORECASE)
+
+
+def sandbox_environment(extra: dict[str, str] | None = None) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if ENV_ALLOWED.match(k) and not ENV_SECRET.search(k)}
+    env.setdefault("PATH", "/usr/bin:/bin")
+    env["PYTHONUNBUFFERED"] = "1"
+    env["PYTHONDONTWRITEBYTECODE"] = "1"
+    env.update(extra or {})
+    return env
+
+
+@dataclass
+class JobHandle:
+    id: str
+    spawned: threading.Event = field(default_factory=threading.Event)
+    finished: threading.Event = field(default_factory=threading.Event)
+    pid: int | None = None
+    status: int | None = None  # raw wait status; None when the fork server died first
+    server_died: bool = False
+    server: Any = None  # the zygote process that owns the job
+
+
+class ForkServerDied(RuntimeError):
+    pass
+
+
+class ForkServer:
+    """One zygote process; thread-safe; several jobs may be in flight."""
+
+    def __init__(self, python: str = sys.executable, env: dict[str, str] | None = None) -> None:
+        self.python = python
+        self.env = sandbox_environment(env)
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._stdin: IO[bytes] | None = None
+        self._jobs: dict[str, JobHandle] = {}
+        self._lock = threading.Lock()
+        self._ready = threading.Event()
+        self.restarts = -1
+
+    @property
+    def alive(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc is not None else None
+
+    def ensure_running(self) -> None:
+        with self._lock:
+            if self.alive and self._ready.is_set():
+                return
+            self._start()
+        if not self._ready.wait(READY_TIMEOUT_S):
+            self.close()
+            raise ForkServerDied(f"the fork server did not start within {READY_TIMEOUT_S:.0f} s")
+        if not self.alive:
+            raise ForkServerDied("the fork server exited while starting; see its stderr above")
+
+    def _start(self) -> None:
+        self._ready = threading.Event()
+        self._proc = subprocess.Popen(
+            [self.python, "-m", "drkernel.sandbox.zygote"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            env=self.env,
+            start_new_session=True,  # signals sent to the supervisor's group do not reach evaluations
+        )
+        self._stdin = self._proc.stdin
+        self.restarts += 1
+        threading.Thread(target=self._read, args=(self._proc, self._ready), daemon=True,
+                         name="drkernel-forkserver").start()
+
+    def _read(self, proc: subprocess.Popen[bytes], ready: threading.Event) -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            message: dict[str, Any] = json.loads(line)
+            if "ready" in message:
+                ready.set()
+                continue
+            with self._lock:
+                job = self._jobs.get(message["id"])
+            if job is None:
+                continue
+            if "pid" in message:
+                job.pid = message["pid"]
+                job.spawned.set()
+            else:
+                job.status = message["status"]
+                with self._lock:
+                    self._jobs.pop(job.id, None)
+                job.finished.set()
+        proc.wait()
+        ready.set()
+        with self._lock:  # every job of this server is orphaned: wake its waiters
+            orphans = [j for j in self._jobs.values() if j.server is proc]
+            for job in orphans:
+                self._jobs.pop(job.id, None)
+        for job in orphans:
+            job.server_died = True
+            job.spawned.set()
+            job.finished.set()
+
+    def spawn(self, job_id: str, spec: dict[str, Any]) -> JobHandle:
+        self.ensure_running()
+        handle = JobHandle(id=job_id)
+        with self._lock:
+            handle.server = self._proc
+            self._jobs[job_id] = handle
+            assert self._stdin is not None
+            try:
+                self._stdin.write((json.dumps({"id": job_id, **spec}) + "\n").encode())
+                self._stdin.flush()
+            except (BrokenPipeError, OSError) as exc:
+                self._jobs.pop(job_id, None)
+                raise ForkServerDied(f"the fork server is gone: {exc}") from exc
+        if not handle.spawned.wait(READY_TIMEOUT_S) or handle.server_died:
+            raise ForkServerDied("the fork server died before it could start the evaluation")
+        return handle
+
+    def close(self) -> None:
+        with self._lock:
+            proc, self._proc = self._proc, None
+        if proc is not None and proc.poll() is None:
+            assert proc.stdin is not None
+            proc.stdin.close()  # the zygote kills its running evaluations and exits
+            try:
+                proc.wait(5)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()

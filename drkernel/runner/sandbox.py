@@ -1,0 +1,185 @@
+"""Evaluate a request in a fresh, isolated process and always come back with a classified result.
+
+`Sandbox` owns one device slot (one GPU, or the CPU) and a warm fork server. `prepare` forks the evaluation
+process and lets it initialise CUDA while another evaluation may still be running; `finish` starts it and waits
+with a wall-clock deadline and a host-memory watchdog. Whatever the candidate does - raise, exit, segfault, loop,
+eat memory, kill its parent - the supervisor survives and answers within the timeout plus a few seconds.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import tempfile
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+from drkernel.sandbox import procfs
+from drkernel.runner.forkserver import ForkServer, ForkServerDied, JobHandle
+from drkernel.schema import ErrorInfo, EvalRequest, EvalResult, Status
+
+WATCH_INTERVAL_S = 0.05
+KILL_GRACE_S = 5.0
+OUTPUT_TAIL_CHARS = 3000
+
+
+@dataclass
+class Prepared:
+    request: EvalRequest
+    handle: JobHandle | None
+    workdir: Path
+    failure: EvalResult | None = None  # set when the process could not even be started
+
+
+class Sandbox:
+    def __init__(
+        self,
+        device: str = "cpu",
+        gpu: str | None = None,
+        root: str | Path | None = None,
+        triton_cache: str | Path | None = None,
+    ) -> None:
+        if device not in ("cpu", "cuda"):
+            raise ValueError(f"a sandbox runs on cpu or cuda, not {device!r}")
+        if device == "cuda" and gpu is None:
+            raise ValueError("a cuda sandbox needs the GPU it owns (an index or UUID)")
+        self.device, self.gpu = device, gpu
+        self.root = Path(root or tempfile.gettempdir()) / f"drkernel-{os.getuid()}"
+        self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
+        default_cache = Path.home() / ".cache" / "drkernel" / "triton"
+        self.triton_cache = Path(triton_cache or os.environ.get("DRKERNEL_TRITON_CACHE", default_cache))
+        self.triton_cache.mkdir(parents=True, exist_ok=True)
+        self.server = ForkServer()
+        self._lock = threading.Lock()
+
+    # One evaluation -------------------------------------------------------------------------------------------
+
+    def evaluate(self, request: EvalRequest) -> EvalResult:
+        return self.finish(self.prepare(request))
+
+    def prepare(self, request: EvalRequest) -> Prepared:
+        workdir = Path(tempfile.mkdtemp(prefix="job-", dir=self.root))
+        (workdir / "request.json").write_text(json.dumps(request.to_dict()))
+        spec = {
+            "workdir": str(workdir),
+            "device": self.device,
+            "gpu": self.gpu,
+            "memory_limit_mb": request.options.memory_limit_mb,
+            "triton_cache": str(self.triton_cache),
+        }
+        try:
+            handle = self.server.spawn(uuid.uuid4().hex, spec)
+        except ForkServerDied:
+            try:  # one retry on a fresh fork server: this is the harness's failure, not the candidate's
+                handle = self.server.spawn(uuid.uuid4().hex, spec)
+            except ForkServerDied as exc:
+                failure = EvalResult.failure(Status.CRASHED, "SandboxError", f"could not start the evaluation: {exc}")
+                return Prepared(request, None, workdir, failure)
+        return Prepared(request, handle, workdir)
+
+    def finish(self, prepared: Prepared) -> EvalResult:
+        try:
+            if prepared.failure is not None:
+                return prepared.failure
+            return self._run(prepared)
+        finally:
+            shutil.rmtree(prepared.workdir, ignore_errors=True)
+
+    def _run(self, prepared: Prepared) -> EvalResult:
+        handle, workdir, options = prepared.handle, prepared.workdir, prepared.request.options
+        assert handle is not None and handle.pid is not None
+        start = time.monotonic()
+        (workdir / "go").touch()
+        deadline = start + options.timeout_s
+        limit_bytes = options.memory_limit_mb << 20
+        outcome = "done"
+        while not handle.finished.wait(WATCH_INTERVAL_S):
+            if time.monotonic() > deadline:
+                outcome = "timeout"
+            elif _group_rss(handle.pid) > limit_bytes:
+                outcome = "memory"
+            else:
+                continue
+            _kill_group(handle.pid)
+            handle.finished.wait(KILL_GRACE_S)
+            break
+        if handle.server_died:
+            _kill_group(handle.pid)
+            outcome = "server_died"
+        result = self._result(outcome, handle, workdir, options.timeout_s, options.memory_limit_mb)
+        result.duration_s = round(time.monotonic() - start, 4)
+        return result
+
+    def _result(self, outcome: str, handle: JobHandle, workdir: Path, timeout_s: float, memory_mb: int) -> EvalResult:
+        result_file = workdir / "result.json"
+        if outcome == "done" and result_file.exists():
+            try:
+                return EvalResult.from_json(result_file.read_text())
+            except ValueError as exc:
+                return _crashed("CorruptResult", f"the evaluation wrote an unreadable result: {exc}", workdir)
+        if outcome == "timeout":
+            result = _crashed("Timeout", f"the evaluation exceeded its {timeout_s:g} s time limit", workdir)
+            result.status = Status.TIMEOUT.value
+            return result
+        if outcome == "memory":
+            return _crashed("MemoryLimit", f"the evaluation exceeded its host memory limit of {memory_mb} MB",
+                            workdir)
+        if outcome == "server_died":
+            result = _crashed("KilledHarness", "the evaluation's parent process was killed during the evaluation",
+                              workdir)
+            result.hack_reasons = ["killed_harness"]
+            result.hack_details = {"killed_harness": "the candidate killed the process that supervises it."}
+            return result
+        return _crashed_by_status(handle.status, workdir)
+
+    def close(self) -> None:
+        self.server.close()
+
+
+def _crashed_by_status(status: int | None, workdir: Path) -> EvalResult:
+    if status is not None and os.WIFSIGNALED(status):
+        sig = os.WTERMSIG(status)
+        name = signal.Signals(sig).name if sig in signal.Signals._value2member_map_ else str(sig)
+        return _crashed("Signal", f"the evaluation process was killed by {name} ({signal.strsignal(sig)})", workdir)
+    code = os.WEXITSTATUS(status) if status is not None else None
+    result = _crashed("Exit", f"the evaluation process exited with code {code} before reporting a result", workdir)
+    result.hack_reasons = ["exit_called"]
+    result.hack_details = {"exit_called": "the candidate ended the process (os._exit or similar): a failure."}
+    return result
+
+
+def _crashed(kind: str, message: str, workdir: Path) -> EvalResult:
+    return EvalResult(
+        status=Status.CRASHED.value,
+        error=ErrorInfo(kind=kind, message=message, traceback=_output_tail(workdir)),
+    )
+
+
+def _output_tail(workdir: Path) -> str:
+    parts = []
+    for name in ("stderr.txt", "stdout.txt"):
+        try:
+            text = (workdir / name).read_text(errors="replace")
+        except OSError:
+            continue
+        if text.strip():
+            parts.append(f"[{name}]\n{text[-OUTPUT_TAIL_CHARS:]}")
+    return "\n".join(parts)
+
+
+def _kill_group(pid: int) -> None:
+    for kill in (os.killpg, os.kill):
+        try:
+            kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+
+
+def _group_rss(pgid: int) -> int:
+    """Resident memory of every process in the evaluation's process group, in bytes."""
+    return sum(p.rss_bytes for p in procfs.processes() if p.pgrp == pgid)

@@ -1,0 +1,168 @@
+"""Compare candidate outputs with reference outputs.
+
+Element-wise `isclose` with per-dtype atol/rtol (KernelBench's defaults), plus a bound on the relative error
+||out - ref|| / ||ref|| so that a near-zero or all-zero answer cannot pass a loose absolute tolerance.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from drkernel.schema import Mismatch
+
+# dtype -> (atol, rtol, relative error bound)
+TOLERANCES: dict[torch.dtype, tuple[float, float, float]] = {
+    torch.float64: (1e-6, 1e-6, 1e-6),
+    torch.float32: (1e-2, 1e-2, 5e-3),
+    torch.float16: (1e-2, 1e-2, 1e-2),
+    torch.bfloat16: (5e-2, 5e-2, 3e-2),
+}
+EXACT = (0.0, 0.0, 0.0)  # integer and boolean outputs must match exactly
+
+# Floating dtypes by precision: a candidate answering in a lower one cuts the work it was asked to do.
+PRECISION_RANK = {torch.float16: 1, torch.bfloat16: 1, torch.float32: 2, torch.float64: 3}
+
+
+@dataclass
+class Tolerance:
+    atol: float
+    rtol: float
+    rel_error_bound: float
+
+    @classmethod
+    def for_dtype(
+        cls, dtype: torch.dtype, atol: float | None, rtol: float | None, bound: float | None
+    ) -> Tolerance:
+        d_atol, d_rtol, d_bound = TOLERANCES.get(dtype, EXACT if not dtype.is_floating_point else TOLERANCES[torch.float32])
+        return cls(
+            atol if atol is not None else d_atol,
+            rtol if rtol is not None else d_rtol,
+            bound if bound is not None else d_bound,
+        )
+
+
+@dataclass
+class Comparison:
+    ok: bool
+    max_abs_diff: float = 0.0
+    rel_error: float = 0.0
+    mismatch: Mismatch | None = None
+    tolerance: Tolerance | None = None
+    message: str = ""
+
+
+def flatten_outputs(out: Any) -> list[Any]:
+    """A forward returns a tensor or a tuple/list of them: give a flat list (nested containers kept as items)."""
+    if isinstance(out, (tuple, list)):
+        return list(out)
+    return [out]
+
+
+def compare(
+    ref_out: Any,
+    cand_out: Any,
+    trial: int,
+    atol: float | None = None,
+    rtol: float | None = None,
+    bound: float | None = None,
+) -> Comparison:
+    refs, cands = flatten_outputs(ref_out), flatten_outputs(cand_out)
+    if len(refs) != len(cands) or isinstance(ref_out, torch.Tensor) != isinstance(cand_out, torch.Tensor):
+        return _fail(trial, 0, [], None, None, "type", f"{len(refs)} output(s) expected, got {_describe(cand_out)}")
+    worst = Comparison(ok=True)
+    for index, (ref, cand) in enumerate(zip(refs, cands)):
+        result = compare_tensor(ref, cand, trial, index, atol, rtol, bound)
+        if not result.ok:
+            return result
+        worst.max_abs_diff = max(worst.max_abs_diff, result.max_abs_diff)
+        worst.rel_error = max(worst.rel_error, result.rel_error)
+        worst.tolerance = worst.tolerance or result.tolerance
+    return worst
+
+
+def compare_tensor(
+    ref: Any, cand: Any, trial: int, index: int, atol: float | None, rtol: float | None, bound: float | None
+) -> Comparison:
+    if not isinstance(ref, torch.Tensor):  # a non-tensor reference output (rare): plain equality
+        ok = type(cand) is type(ref) and cand == ref
+        return Comparison(ok=True) if ok else _fail(trial, index, [], None, None, "value", "non-tensor output differs")
+    if type(cand) is not torch.Tensor:
+        return _fail(trial, index, [], None, None, "type", f"expected a torch.Tensor, got {type(cand).__name__}")
+    for reason, want, got in (
+        ("shape", tuple(ref.shape), tuple(cand.shape)),
+        ("dtype", ref.dtype, cand.dtype),
+        ("device", ref.device.type, cand.device.type),
+    ):
+        if want != got:
+            return _fail(trial, index, [], None, None, reason, f"{reason} {got} where the reference has {want}")
+    tol = Tolerance.for_dtype(ref.dtype, atol, rtol, bound)
+    if ref.numel() == 0:
+        return Comparison(ok=True, tolerance=tol)
+    if not ref.dtype.is_floating_point and not ref.dtype.is_complex:
+        bad = ref != cand
+        if bad.any():
+            return _first_bad(ref, cand, bad, trial, index, "value", tol)
+        return Comparison(ok=True, tolerance=tol)
+    r, c = ref.detach().double(), cand.detach().double()
+    finite = torch.isfinite(r)
+    nonfinite = finite & ~torch.isfinite(c)
+    if nonfinite.any():
+        return _first_bad(r, c, nonfinite, trial, index, "nonfinite", tol)
+    close = torch.isclose(c, r, rtol=tol.rtol, atol=tol.atol, equal_nan=True)
+    diff = (c - r).abs().where(finite, torch.zeros_like(r))
+    max_abs = float(diff.max())
+    ref_norm = float(r.where(finite, torch.zeros_like(r)).norm())
+    rel = float(diff.norm()) / ref_norm if ref_norm > 0 else (0.0 if float(diff.norm()) == 0 else float("inf"))
+    if not close.all():
+        result = _first_bad(r, c, ~close, trial, index, "value", tol)
+    elif rel > tol.rel_error_bound:
+        result = _fail(
+            trial, index, [], None, None, "rel_error",
+            f"relative error {rel:.3g} exceeds the bound {tol.rel_error_bound:g}", tol,
+        )
+    else:
+        return Comparison(ok=True, max_abs_diff=max_abs, rel_error=rel, tolerance=tol)
+    result.max_abs_diff, result.rel_error = max_abs, min(rel, 1e300)
+    return result
+
+
+def _first_bad(
+    ref: torch.Tensor, cand: torch.Tensor, bad: torch.Tensor, trial: int, index: int, reason: str, tol: Tolerance
+) -> Comparison:
+    flat = int(bad.reshape(-1).nonzero()[0, 0])
+    where = [int(i) for i in _unravel(flat, tuple(ref.shape))]
+    expected, actual = ref.reshape(-1)[flat].item(), cand.reshape(-1)[flat].item()
+    count = int(bad.sum())
+    message = f"{count} of {ref.numel()} elements differ; first at {where}: expected {expected:.6g}, got {actual:.6g}"
+    return _fail(trial, index, where, float(expected), float(actual), reason, message, tol)
+
+
+def _fail(
+    trial: int,
+    index: int,
+    where: list[int],
+    expected: float | None,
+    actual: float | None,
+    reason: str,
+    message: str,
+    tol: Tolerance | None = None,
+) -> Comparison:
+    mismatch = Mismatch(trial=trial, output=index, index=where, expected=expected, actual=actual, reason=reason)
+    return Comparison(ok=False, mismatch=mismatch, tolerance=tol, message=message)
+
+
+def _unravel(flat: int, shape: tuple[int, ...]) -> list[int]:
+    index = []
+    for size in reversed(shape):
+        index.append(flat % size)
+        flat //= size
+    return list(reversed(index))
+
+
+def _describe(value: Any) -> str:
+    if isinstance(value, (tuple, list)):
+        return f"a {type(value).__name__} of {len(value)}"
+    return type(value).__name__

@@ -1,0 +1,60 @@
+"""Harden a freshly forked evaluation process before any candidate code runs.
+
+What the OS allows is applied and what it refuses is reported, never fatal: a process group of its own (so the
+supervisor can kill everything it starts), death with its parent, a host-memory cap on the CPU, no core dumps,
+a private working directory, no network (a new network namespace) where permitted.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import os
+import resource
+import signal
+
+PR_SET_PDEATHSIG = 1
+CLONE_NEWUSER = 0x10000000
+CLONE_NEWNET = 0x40000000
+MAX_FILE_BYTES = 1 << 30
+
+_libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+
+
+def detach(parent_pid: int) -> None:
+    """Own process group; die with the parent (the fork server)."""
+    os.setsid()
+    _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != parent_pid:  # the parent died before prctl took effect
+        os._exit(1)
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    signal.set_wakeup_fd(-1)
+
+
+def redirect_output(workdir: str) -> None:
+    """Stdin from /dev/null, stdout and stderr to files: the fork server's pipes stay out of reach."""
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.close(null)
+    for fd, name in ((1, "stdout.txt"), (2, "stderr.txt")):
+        target = os.open(os.path.join(workdir, name), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        os.dup2(target, fd)
+        os.close(target)
+
+
+def limit_resources(memory_limit_mb: int | None) -> None:
+    """Cap address space (only where no CUDA context needs its huge reservations), core dumps and file sizes."""
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    resource.setrlimit(resource.RLIMIT_FSIZE, (MAX_FILE_BYTES, MAX_FILE_BYTES))
+    if memory_limit_mb is not None:
+        limit = memory_limit_mb << 20
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+
+
+def isolate_network(allow_user_namespace: bool) -> bool:
+    """Move into an empty network namespace: only a loopback device, down. True when it worked."""
+    if _libc.unshare(CLONE_NEWNET) == 0:
+        return True
+    if allow_user_namespace and _libc.unshare(CLONE_NEWUSER | CLONE_NEWNET) == 0:
+        return True
+    return False

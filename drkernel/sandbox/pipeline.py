@@ -1,0 +1,541 @@
+"""One evaluation, start to verdict, inside the sandboxed process.
+
+Order of work: load the reference, snapshot the harness's state, load the candidate, build both models from the
+same seeds, run correctness trials (candidate first, on its own copy of fresh inputs, across training/eval and
+autograd modes), time both sides interleaved, profile, ablate the candidate's kernels, and decide.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import random
+import secrets
+import sys
+import time
+import traceback
+from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import numpy as np
+import torch
+import triton
+
+from drkernel.sandbox import correctness, guards, launches, loading, profiling, static_checks, timing
+from drkernel.sandbox.correctness import PRECISION_RANK
+from drkernel.sandbox.guards import Findings
+from drkernel.schema import (
+    Correctness,
+    Environment,
+    ErrorInfo,
+    EvalOptions,
+    EvalRequest,
+    EvalResult,
+    Profile,
+    Status,
+    Timing,
+)
+
+# (label, training, autograd context): every candidate must run its own Triton kernels in each.
+MODES: list[tuple[str, bool, Callable[[], Any]]] = [
+    ("train+grad", True, torch.enable_grad),
+    ("eval+no_grad", False, torch.no_grad),
+    ("train+no_grad", True, torch.no_grad),
+    ("eval+inference_mode", False, torch.inference_mode),
+    ("eval+grad", False, torch.enable_grad),
+]
+INPUT_POOL_BYTES = {"cuda": 2 << 30, "cpu": 256 << 20}  # memory for distinct timing input sets
+CHECKED_TIMING_TRIALS = 2  # timed calls whose outputs are verified on freshly rewritten inputs
+TRACEBACK_CHARS = 4000
+
+
+class Failure(Exception):
+    """Ends the evaluation with a verdict other than correct."""
+
+    def __init__(self, status: Status, kind: str, message: str, tb: str = "") -> None:
+        super().__init__(message)
+        self.status, self.kind, self.message, self.tb = status, kind, message, tb
+
+
+@dataclass
+class Evaluation:
+    request: EvalRequest
+    workdir: Path
+    device: torch.device
+    findings: Findings = field(default_factory=Findings)
+    notes: list[str] = field(default_factory=list)
+    recorder: launches.LaunchRecorder = field(default_factory=launches.LaunchRecorder)
+
+    @property
+    def options(self) -> EvalOptions:
+        return self.request.options
+
+    # -- set-up ----------------------------------------------------------------------------------------------
+
+    def load(self) -> None:
+        ref_path = self.workdir / "reference.py"
+        try:
+            self.ref_module = loading.load_module(self.request.reference, ref_path, f"drkernel_reference_{os.getpid()}")
+            loading.require(self.ref_module, ("Model", "get_inputs", "get_init_inputs"), "reference")
+        except (loading.SourceLoadError, LookupError) as exc:
+            raise Failure(Status.INVALID, "ReferenceError", f"the reference is unusable: {exc}", self._tb(exc))
+        # The harness's own handles, taken before any candidate code runs.
+        self.ref_class = self.ref_module.Model
+        self.get_inputs = self.ref_module.get_inputs
+        self.get_init_inputs = self.ref_module.get_init_inputs
+        self.tripwire = guards.ReferenceTripwire(self.ref_class)
+        self.hints = static_checks.inspect_source(self.request.candidate)
+        self.notes += [f"static: {n}" for n in self.hints.notes()]
+        harness = [m for name, m in sys.modules.items() if name.startswith("drkernel.")] + [self.ref_module]
+        self.state_guard = guards.StateGuard(harness)
+        self.cand_path = self.workdir / "candidate.py"
+        self.recorder.own_files = {str(self.cand_path)}
+        self.recorder.install()
+        try:
+            self.cand_module = loading.load_module(
+                self.request.candidate, self.cand_path, f"drkernel_candidate_{os.getpid()}"
+            )
+        except loading.SourceLoadError as exc:
+            raise self._classify(exc.__cause__ or exc)
+        self.state_guard.check(self.findings)
+        if not hasattr(self.cand_module, "ModelNew"):
+            raise Failure(Status.INVALID, "NoModelNew", "the candidate defines no class ModelNew")
+
+    def build(self) -> None:
+        try:
+            self.init_inputs = self._seeded(self.options.seed, self.get_init_inputs)
+            self.ref_model = self._seeded(self.options.seed, lambda: self.ref_class(*self.init_inputs))
+            self.ref_model = self.ref_model.to(self.device)
+        except BaseException as exc:
+            raise Failure(Status.INVALID, "ReferenceError", f"building the reference failed: {exc}", self._tb(exc))
+        with self._candidate_running():
+            try:
+                model = self._seeded(self.options.seed, lambda: self.cand_module.ModelNew(*self.init_inputs))
+                self.cand_model = model.to(self.device) if isinstance(model, torch.nn.Module) else model
+            except BaseException as exc:
+                raise self._classify(exc)
+        if any(isinstance(m, self.ref_class) for m in _submodules(self.cand_model)):
+            self.findings.add(
+                guards.REFERENCE_MODEL,
+                "ModelNew is or contains the reference Model; write the computation as Triton kernels instead.",
+            )
+        if self.options.reference_mode == "compile":
+            self.ref_call: Callable[..., Any] = torch.compile(self.ref_model)
+        else:
+            self.ref_call = self.ref_model
+
+    # -- correctness -----------------------------------------------------------------------------------------
+
+    def check_correctness(self) -> Correctness:
+        opts = self.options
+        trials = max(opts.correctness_trials, len(MODES) if opts.check_hacks else 0)
+        summary = Correctness(trials=trials)
+        self.launches_by_mode: dict[str, int] = {}
+        ref_samples: list[torch.Tensor] = []
+        for trial in range(trials):
+            label, training, grad_mode = MODES[trial % len(MODES)]
+            inputs = self._inputs(opts.seed + 1000 + trial)
+            cand_inputs = _clone(inputs)
+            self.ref_model.train(training)
+            if isinstance(self.cand_model, torch.nn.Module):
+                self.cand_model.train(training)
+            with grad_mode():
+                cand_out = self._call_candidate(cand_inputs, pristine=inputs, label=label)
+                self._sync()
+                ref_out = self.ref_call(*_clone(inputs))
+                self._sync()
+            self._check_outputs(inputs, cand_inputs, ref_out, cand_out)
+            comparison = correctness.compare(ref_out, cand_out, trial, opts.atol, opts.rtol, opts.rel_error_bound)
+            if comparison.tolerance is not None:
+                summary.atol, summary.rtol = comparison.tolerance.atol, comparison.tolerance.rtol
+                summary.rel_error_bound = comparison.tolerance.rel_error_bound
+            summary.max_abs_diff = max(summary.max_abs_diff or 0.0, comparison.max_abs_diff)
+            summary.rel_error = max(summary.rel_error or 0.0, comparison.rel_error)
+            first_ref = correctness.flatten_outputs(ref_out)[0]
+            if isinstance(first_ref, torch.Tensor) and len(ref_samples) < 2:
+                ref_samples.append(first_ref.detach().double().cpu())
+            guards.poison(correctness.flatten_outputs(cand_out) + cand_inputs)
+            if not comparison.ok:
+                summary.first_mismatch = comparison.mismatch
+                self._note_dtype_cheat(ref_out, cand_out)
+                self.correctness = summary
+                raise Failure(Status.INCORRECT, "Mismatch", f"trial {trial} ({label}): {comparison.message}")
+            summary.passed_trials += 1
+        self._check_modes()
+        self._note_degenerate(ref_samples)
+        self.correctness = summary
+        return summary
+
+    def _call_candidate(self, args: list[Any], pristine: list[Any] | None = None, label: str = "") -> Any:
+        """Run the candidate's forward with every runtime check around it."""
+        threads_before = guards.candidate_threads(self.recorder.own_files)
+        children_before = guards.child_processes()
+        self.recorder.take()
+        strict = not self.options.allow_torch_glue
+        ops = guards.TorchOpRecorder() if strict else nullcontext()
+        with self._candidate_running(), ops:
+            try:
+                out = self.cand_model(*args)
+            except BaseException as exc:
+                raise self._classify(exc)
+        failed = self.recorder.failed_launches()
+        recorded = self.recorder.take()
+        if failed:
+            self.findings.add(
+                guards.TORCH_FALLBACK,
+                f"A Triton kernel ({failed[0]}) failed and forward still returned: the candidate caught the error "
+                "and fell back to other code. Fix the kernel instead of catching its failure.",
+            )
+        own = [launch for launch in recorded if launch.own]
+        if label:
+            self.launches_by_mode[label] = self.launches_by_mode.get(label, 0) + len(own)
+            self.own_names = getattr(self, "own_names", set()) | {launch.name for launch in own}
+            self.own_counts = launches.LaunchRecorder.own_counts(own)
+        if strict and ops.compute_ops():  # type: ignore[union-attr]
+            used = ", ".join(f"{op} x{n}" for op, n in sorted(ops.compute_ops().items()))  # type: ignore[union-attr]
+            self.findings.add(
+                guards.TORCH_COMPUTE,
+                f"forward computes with PyTorch operators ({used}); this evaluation allows no PyTorch compute "
+                "around the Triton kernels.",
+            )
+        if pristine is not None:
+            changed = guards.mutated_inputs(pristine, args)
+            if changed:
+                self.findings.add(
+                    guards.INPUT_MUTATION,
+                    f"forward changed its input(s) {changed} in place; inputs must be left as they are.",
+                )
+        new_threads = set(guards.candidate_threads(self.recorder.own_files)) - set(threads_before)
+        new_children = guards.child_processes() - children_before
+        if new_threads or new_children:
+            self.findings.add(
+                guards.BACKGROUND_WORK,
+                "forward left work running after it returned "
+                f"(threads: {sorted(new_threads) or 'none'}, processes: {sorted(new_children) or 'none'}).",
+            )
+        if self.tripwire.calls:
+            self.findings.add(
+                guards.REFERENCE_MODEL,
+                "the candidate called the reference Model's forward; the computation must be its own.",
+            )
+        self.state_guard.check(self.findings)
+        return out
+
+    def _check_outputs(self, inputs: list[Any], cand_inputs: list[Any], ref_out: Any, cand_out: Any) -> None:
+        cand_list = correctness.flatten_outputs(cand_out)
+        fakes = guards.fake_outputs(cand_list)
+        if fakes:
+            self.findings.add(guards.FAKE_OUTPUT, f"{'; '.join(fakes)}: outputs must be plain torch.Tensor objects.")
+        ref_aliases = guards.storages(correctness.flatten_outputs(ref_out)) & guards.storages(inputs)
+        cand_aliases = guards.storages(cand_list) & guards.storages(cand_inputs)
+        if cand_aliases and not ref_aliases:
+            self.findings.add(
+                guards.OUTPUT_ALIASES_INPUT,
+                "an output shares memory with an input; the reference returns new tensors.",
+            )
+
+    def _note_dtype_cheat(self, ref_out: Any, cand_out: Any) -> None:
+        for ref, cand in zip(correctness.flatten_outputs(ref_out), correctness.flatten_outputs(cand_out)):
+            if isinstance(ref, torch.Tensor) and isinstance(cand, torch.Tensor):
+                if PRECISION_RANK.get(cand.dtype, 9) < PRECISION_RANK.get(ref.dtype, 0):
+                    self.findings.add(
+                        guards.LOWER_PRECISION,
+                        f"an output is {cand.dtype} where the reference gives {ref.dtype}: computing in lower "
+                        "precision is not the same function.",
+                    )
+
+    def _check_modes(self) -> None:
+        if not self.options.check_hacks:
+            return
+        total = sum(self.launches_by_mode.values())
+        if total == 0:
+            self.findings.add(
+                guards.NO_TRITON_KERNEL,
+                "ModelNew ran no Triton kernel of its own: the work was done by PyTorch or another library. "
+                "Implement the computation in @triton.jit kernels launched from forward.",
+            )
+            return
+        missing = [label for label, n in self.launches_by_mode.items() if n == 0]
+        if missing:
+            self.findings.add(
+                guards.MODE_DEPENDENT,
+                f"ModelNew ran no Triton kernel in mode(s) {', '.join(missing)}: kernels must run whatever the "
+                "training flag, autograd or inference mode.",
+            )
+
+    def _note_degenerate(self, samples: list[torch.Tensor]) -> None:
+        if not samples:
+            return
+        scale = float(samples[0].abs().max()) if samples[0].numel() else 0.0
+        if scale < 1e-6:
+            self.notes.append("degenerate_task: the reference output is (near) zero for random inputs")
+        elif len(samples) == 2 and samples[0].shape == samples[1].shape:
+            change = float((samples[0] - samples[1]).abs().max())
+            if change <= 1e-6 * scale:
+                self.notes.append("degenerate_task: the reference output does not change with its inputs")
+
+    # -- timing, profiling, ablation -------------------------------------------------------------------------
+
+    def measure(self) -> tuple[Timing, float, list[float]]:
+        opts = self.options
+        self.ref_model.eval()
+        if isinstance(self.cand_model, torch.nn.Module):
+            self.cand_model.eval()
+        pool = self._input_pool()
+        rng = random.Random(secrets.randbits(64))  # which trials get verified is not predictable
+        checked = set(rng.sample(range(opts.perf_trials), min(CHECKED_TIMING_TRIALS, opts.perf_trials)))
+        own_per_call: list[int] = []
+
+        def args_for_trial(trial: int) -> list[Any]:
+            args = pool[max(trial, 0) % len(pool)]
+            if trial in checked:  # new values in the same memory: a cache keyed on pointers now answers wrong
+                fresh = self._inputs(secrets.randbits(31))
+                for old, new in zip(args, fresh):
+                    if isinstance(old, torch.Tensor):
+                        old.copy_(new)
+            return args
+
+        def candidate(*args: Any) -> Any:
+            before = len(self.recorder.launches)
+            out = self.cand_model(*args)
+            own_per_call.append(sum(1 for launch in self.recorder.launches[before:] if launch.own))
+            return out
+
+        def verify(trial: int, ref_out: Any, cand_out: Any) -> None:
+            if trial in checked and not correctness.compare(ref_out, cand_out, trial, opts.atol, opts.rtol,
+                                                            opts.rel_error_bound).ok:
+                self.findings.add(
+                    guards.OUTPUT_CACHING,
+                    "a timed call returned a wrong answer for new input values: outputs must be computed on "
+                    "every call, never cached or remembered.",
+                )
+
+        timer = timing.CallTimer(self.device)
+        with torch.no_grad(), self._candidate_running():
+            self.recorder.take()
+            ref_samples, cand_samples = timing.time_interleaved(
+                timer, self.ref_call, candidate, args_for_trial, opts.perf_trials, opts.warmup_trials, verify
+            )
+            self.recorder.take()
+        self.state_guard.check(self.findings)
+        timed = own_per_call[opts.warmup_trials:]
+        if opts.check_hacks and timed and min(timed) == 0 and max(own_per_call) > 0:
+            self.findings.add(
+                guards.MODE_DEPENDENT,
+                "some timed calls ran no Triton kernel: the candidate changes behaviour between calls.",
+            )
+        method = "cuda_event" if self.device.type == "cuda" else (
+            "interpreter_wall" if _interpreting() else "cpu_wall")
+        result = Timing(
+            reference=timing.summarize(ref_samples, method),
+            candidate=timing.summarize(cand_samples, method),
+            reference_mode=opts.reference_mode,
+        )
+        if method == "interpreter_wall":
+            result.note = "Triton interpreter on the CPU: these timings say nothing of GPU speed"
+        speedup = result.reference.median_ms / result.candidate.median_ms
+        interval = timing.speedup_interval(ref_samples.primary, cand_samples.primary, opts.seed)
+        if self.device.type == "cuda":
+            self._check_timing_honesty(cand_samples, result, pool[0])
+        return result, speedup, interval
+
+    def _check_timing_honesty(self, cand: timing.Samples, result: Timing, args: list[Any]) -> None:
+        stats = result.candidate
+        assert stats is not None and stats.wall_median_ms is not None
+        if stats.wall_median_ms > 1.5 * stats.median_ms + 0.1:
+            self.findings.add(
+                guards.SIDE_STREAM,
+                f"GPU events saw {stats.median_ms:.4f} ms but the call took {stats.wall_median_ms:.4f} ms until "
+                "the device was idle: work ran outside the timed stream. Launch kernels on the current stream.",
+            )
+        with torch.no_grad():
+            out = self.cand_model(*args)
+        out_bytes = sum(t.numel() * t.element_size() for t in correctness.flatten_outputs(out)
+                        if isinstance(t, torch.Tensor))
+        floor_ms = out_bytes / timing.measure_bandwidth(self.device) * 1e3
+        if stats.median_ms < 0.5 * floor_ms:
+            self.findings.add(
+                guards.IMPOSSIBLE_SPEED,
+                f"{stats.median_ms:.4f} ms is faster than writing the {out_bytes} output bytes allows on this GPU "
+                f"({floor_ms:.4f} ms at its measured bandwidth).",
+            )
+
+    def profile(self) -> Profile:
+        own = getattr(self, "own_names", set())
+        counts = getattr(self, "own_counts", {})
+        if self.device.type != "cuda":
+            return Profile(launches=counts, note="no GPU: launch counts only, coverage not measured")
+        args = self._inputs(self.options.seed + 5000)
+        with torch.no_grad(), self._candidate_running():
+            self.cand_model(*args)  # warm
+            result = profiling.profile_cuda(lambda: self.cand_model(*args), own)
+            self.recorder.take()
+        result.launches = counts
+        return result
+
+    def ablate(self) -> None:
+        """Poison what each own kernel wrote; if the output does not change, the kernels were decoys."""
+        args = self._inputs(self.options.seed + 7000)
+        keep = guards.storages(args) | guards.storages(_model_tensors(self.cand_model))
+        with torch.no_grad(), self._candidate_running():
+            normal = correctness.flatten_outputs(self.cand_model(*_clone(args)))
+            normal = [t.clone() if isinstance(t, torch.Tensor) else t for t in normal]
+
+            def poison_written(launch: launches.Launch) -> None:
+                if launch.own:
+                    guards.poison(t for t in launch.tensor_args if t.untyped_storage().data_ptr() not in keep)
+
+            self.recorder.after_launch = poison_written
+            try:
+                ablated = correctness.flatten_outputs(self.cand_model(*_clone(args)))
+            finally:
+                self.recorder.after_launch = None
+            ran = any(launch.own for launch in self.recorder.take())
+        self._sync()
+        if ran and all(_identical(a, b) for a, b in zip(normal, ablated)):
+            self.findings.add(
+                guards.DECOY_KERNEL,
+                "the output does not depend on anything the candidate's Triton kernels computed: they are "
+                "decoys, and the result comes from other code.",
+            )
+
+    # -- helpers ---------------------------------------------------------------------------------------------
+
+    @contextmanager
+    def _candidate_running(self) -> Iterator[None]:
+        self.recorder.active = True
+        self.tripwire.candidate_running = True
+        try:
+            yield
+        finally:
+            self.recorder.active = False
+            self.tripwire.candidate_running = False
+
+    def _seeded(self, seed: int, fn: Callable[[], Any]) -> Any:
+        random.seed(seed)
+        np.random.seed(seed % (2**32))
+        torch.manual_seed(seed)
+        return fn()
+
+    def _inputs(self, seed: int) -> list[Any]:
+        try:
+            values = self._seeded(seed, self.get_inputs)
+        except BaseException as exc:
+            raise Failure(Status.INVALID, "ReferenceError", f"get_inputs() failed: {exc}", self._tb(exc))
+        return [v.to(self.device) if isinstance(v, torch.Tensor) else v for v in values]
+
+    def _input_pool(self) -> list[list[Any]]:
+        first = self._inputs(self.options.seed + 3000)
+        size = sum(v.numel() * v.element_size() for v in first if isinstance(v, torch.Tensor))
+        count = max(1, min(3, INPUT_POOL_BYTES[self.device.type] // max(size, 1)))
+        return [first] + [self._inputs(self.options.seed + 3001 + i) for i in range(count - 1)]
+
+    def _sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
+
+    def _classify(self, exc: BaseException) -> Failure:
+        tb = self._tb(exc)
+        if isinstance(exc, (SystemExit, KeyboardInterrupt, GeneratorExit)):
+            self.findings.add(guards.EXIT_CALLED, f"the candidate raised {type(exc).__name__}: exiting is a failure.")
+            return Failure(Status.RUNTIME_ERROR, type(exc).__name__, f"the candidate tried to exit ({exc!r})", tb)
+        if isinstance(exc, (SyntaxError, ImportError)) or _is_triton_compile_error(exc, str(self.cand_path)):
+            return Failure(Status.COMPILE_ERROR, type(exc).__name__, _message(exc), tb)
+        return Failure(Status.RUNTIME_ERROR, type(exc).__name__, _message(exc), tb)
+
+    def _tb(self, exc: BaseException) -> str:
+        text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+        text = text.replace(str(self.workdir) + os.sep, "")
+        return text if len(text) <= TRACEBACK_CHARS else "...\n" + text[-TRACEBACK_CHARS:]
+
+
+def evaluate(request: EvalRequest, workdir: Path, device: torch.device) -> EvalResult:
+    """Run one evaluation and return its result; never raises for anything the candidate does."""
+    ev = Evaluation(request=request, workdir=workdir, device=device)
+    result = EvalResult(environment=environment(device))
+    opts = request.options
+    try:
+        ev.load()
+        ev.build()
+        result.correctness = ev.check_correctness()
+        if opts.measure_performance:
+            result.timing, result.speedup, result.speedup_ci = ev.measure()
+        if opts.profile:
+            result.profile = ev.profile()
+        if opts.check_hacks:
+            ev.ablate()
+        result.status = Status.CORRECT.value
+    except Failure as failure:
+        result.status = failure.status.value
+        result.error = ErrorInfo(kind=failure.kind, message=failure.message, traceback=failure.tb)
+        result.correctness = result.correctness or getattr(ev, "correctness", None)
+    except BaseException as exc:  # the harness itself failed on this input: say so, do not guess
+        result.status = Status.RUNTIME_ERROR.value
+        result.error = ErrorInfo(kind=type(exc).__name__, message=f"evaluation failed: {exc}", traceback=ev._tb(exc))
+    if ev.findings and opts.check_hacks:
+        result.status = Status.HACKED.value
+    result.hack_reasons = ev.findings.codes if opts.check_hacks else []
+    result.hack_details = dict(ev.findings.details) if opts.check_hacks else {}
+    result.correct = result.status == Status.CORRECT.value
+    result.notes = ev.notes
+    return result
+
+
+def environment(device: torch.device) -> Environment:
+    gpu = device.type == "cuda"
+    return Environment(
+        device=torch.cuda.get_device_name(device) if gpu else "cpu",
+        torch=torch.__version__,
+        triton=triton.__version__,
+        python=platform.python_version(),
+        interpreter=_interpreting(),
+        gpu=gpu,
+    )
+
+
+def _interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def _is_triton_compile_error(exc: BaseException, candidate_file: str) -> bool:
+    from triton.compiler.errors import CompilationError
+
+    if isinstance(exc, CompilationError):
+        return True
+    if not _interpreting():
+        return False
+    # Under the interpreter a bad kernel fails while its body runs: an interpreter frame, then the kernel's own.
+    frames = traceback.extract_tb(exc.__traceback__)
+    files = [f.filename for f in frames]
+    in_interpreter = [i for i, name in enumerate(files) if name.endswith(os.path.join("runtime", "interpreter.py"))]
+    return bool(in_interpreter) and candidate_file in files[in_interpreter[0]:]
+
+
+def _message(exc: BaseException) -> str:
+    text = str(exc).strip() or type(exc).__name__
+    return text if len(text) <= 2000 else text[:2000] + " ..."
+
+
+def _clone(values: list[Any]) -> list[Any]:
+    return [v.clone() if isinstance(v, torch.Tensor) else v for v in values]
+
+
+def _submodules(model: Any) -> list[Any]:
+    return list(model.modules()) if isinstance(model, torch.nn.Module) else [model]
+
+
+def _model_tensors(model: Any) -> list[torch.Tensor]:
+    tensors: list[torch.Tensor] = []
+    for module in _submodules(model):
+        tensors += [v for v in vars(module).values() if isinstance(v, torch.Tensor)]
+        if isinstance(module, torch.nn.Module):
+            tensors += list(module.parameters(recurse=False)) + list(module.buffers(recurse=False))
+    return tensors
+
+
+def _identical(a: Any, b: Any) -> bool:
+    if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
+        return a.shape == b.shape and guards._same_values(a, b)
+    return a is b or a == b

@@ -1,0 +1,131 @@
+"""Timing of reference and candidate, interleaved in one process on one device.
+
+On CUDA each call is timed with events on the current stream and with a host-synchronized wall clock, after an
+L2 flush; the order of reference and candidate alternates between trials so that drift hits both alike. The
+speedup is the ratio of medians with a bootstrap confidence interval over trials.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+import torch
+
+from drkernel.schema import TimingStats
+
+L2_FLUSH_BYTES = 256 * 1024 * 1024  # several times the L2 of any current GPU (H100: 50 MB, H200: 60 MB)
+
+_perf_counter = time.perf_counter  # the harness's own references: a candidate patching time.* changes nothing here
+
+
+@dataclass
+class Samples:
+    event_ms: list[float] = field(default_factory=list)  # CUDA only
+    wall_ms: list[float] = field(default_factory=list)
+
+    @property
+    def primary(self) -> list[float]:
+        return self.event_ms or self.wall_ms
+
+
+class CallTimer:
+    """Times one call; owns the L2 flush buffer and the CUDA events."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.cuda = device.type == "cuda"
+        if self.cuda:
+            self._flush = torch.empty(L2_FLUSH_BYTES, dtype=torch.uint8, device=device)
+            self._start = torch.cuda.Event(enable_timing=True)
+            self._end = torch.cuda.Event(enable_timing=True)
+            self._sync = torch.cuda.synchronize
+            self._elapsed = torch.cuda.Event.elapsed_time
+
+    def __call__(self, fn: Callable[..., Any], args: list[Any], samples: Samples) -> Any:
+        if not self.cuda:
+            start = _perf_counter()
+            out = fn(*args)
+            samples.wall_ms.append((_perf_counter() - start) * 1e3)
+            return out
+        self._flush.zero_()
+        self._sync()
+        wall_start = _perf_counter()
+        self._start.record()
+        out = fn(*args)
+        self._end.record()
+        self._sync()
+        samples.wall_ms.append((_perf_counter() - wall_start) * 1e3)
+        samples.event_ms.append(self._elapsed(self._start, self._end))
+        return out
+
+
+def time_interleaved(
+    timer: CallTimer,
+    reference: Callable[..., Any],
+    candidate: Callable[..., Any],
+    args_for_trial: Callable[[int], list[Any]],
+    trials: int,
+    warmup: int,
+    on_outputs: Callable[[int, Any, Any], None] | None = None,
+) -> tuple[Samples, Samples]:
+    """Time both sides `trials` times; `on_outputs(trial, ref_out, cand_out)` may inspect chosen trials."""
+    for i in range(warmup):
+        args = args_for_trial(-1 - i)
+        reference(*args)
+        candidate(*args)
+    ref, cand = Samples(), Samples()
+    for trial in range(trials):
+        args = args_for_trial(trial)
+        if trial % 2 == 0:
+            ref_out = timer(reference, args, ref)
+            cand_out = timer(candidate, args, cand)
+        else:
+            cand_out = timer(candidate, args, cand)
+            ref_out = timer(reference, args, ref)
+        if on_outputs is not None:
+            on_outputs(trial, ref_out, cand_out)
+        del ref_out, cand_out
+    return ref, cand
+
+
+def summarize(samples: Samples, method: str) -> TimingStats:
+    values = samples.primary
+    q1, _, q3 = statistics.quantiles(values, n=4) if len(values) >= 2 else (values[0],) * 3
+    return TimingStats(
+        median_ms=statistics.median(values),
+        iqr_ms=q3 - q1,
+        mean_ms=statistics.fmean(values),
+        min_ms=min(values),
+        trials=len(values),
+        method=method,
+        wall_median_ms=statistics.median(samples.wall_ms) if samples.event_ms else None,
+    )
+
+
+def speedup_interval(ref_ms: list[float], cand_ms: list[float], seed: int, resamples: int = 2000) -> list[float]:
+    """95% bootstrap interval of median(ref) / median(cand), resampling the paired trials."""
+    ref, cand = np.asarray(ref_ms), np.asarray(cand_ms)
+    rng = np.random.default_rng(seed)
+    idx = rng.integers(0, len(ref), size=(resamples, len(ref)))
+    ratios = np.median(ref[idx], axis=1) / np.median(cand[idx], axis=1)
+    low, high = np.percentile(ratios, [2.5, 97.5])
+    return [float(low), float(high)]
+
+
+def measure_bandwidth(device: torch.device, nbytes: int = 1 << 30, repeats: int = 5) -> float:
+    """Device-to-device copy bandwidth in bytes/s, counting bytes read plus written (the best of a few copies)."""
+    src = torch.empty(nbytes // 2, dtype=torch.uint8, device=device)
+    dst = torch.empty_like(src)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    best = float("inf")
+    for _ in range(repeats):
+        start.record()
+        dst.copy_(src)
+        end.record()
+        torch.cuda.synchronize()
+        best = min(best, start.elapsed_time(end) / 1e3)
+    del src, dst
+    return nbytes / best
