@@ -34,6 +34,7 @@ class Prepared:
     handle: JobHandle | None
     workdir: Path
     failure: EvalResult | None = None  # set when the process could not even be started
+    started_at: float | None = None
 
 
 class Sandbox:
@@ -43,6 +44,7 @@ class Sandbox:
         gpu: str | None = None,
         root: str | Path | None = None,
         triton_cache: str | Path | None = None,
+        memory_cap_mb: int | None = None,
     ) -> None:
         if device not in ("cpu", "cuda"):
             raise ValueError(f"a sandbox runs on cpu or cuda, not {device!r}")
@@ -54,7 +56,9 @@ class Sandbox:
         default_cache = Path.home() / ".cache" / "drkernel" / "triton"
         self.triton_cache = Path(triton_cache or os.environ.get("DRKERNEL_TRITON_CACHE", default_cache))
         self.triton_cache.mkdir(parents=True, exist_ok=True)
-        self.server = ForkServer()
+        self.memory_cap_mb = memory_cap_mb or int(host_memory_mb() * 0.8)  # what this machine can give
+        # Triton decides at import whether @triton.jit interprets: the fork server must import it in the right mode.
+        self.server = ForkServer(env={"TRITON_INTERPRET": "1", "CUDA_VISIBLE_DEVICES": ""} if device == "cpu" else None)
         self._lock = threading.Lock()
 
     # One evaluation -------------------------------------------------------------------------------------------
@@ -69,7 +73,7 @@ class Sandbox:
             "workdir": str(workdir),
             "device": self.device,
             "gpu": self.gpu,
-            "memory_limit_mb": request.options.memory_limit_mb,
+            "memory_limit_mb": self.memory_limit_mb(request),
             "triton_cache": str(self.triton_cache),
         }
         try:
@@ -82,21 +86,34 @@ class Sandbox:
                 return Prepared(request, None, workdir, failure)
         return Prepared(request, handle, workdir)
 
+    def memory_limit_mb(self, request: EvalRequest) -> int:
+        return min(request.options.memory_limit_mb, self.memory_cap_mb)
+
     def finish(self, prepared: Prepared) -> EvalResult:
+        self.start(prepared)
+        return self.collect(prepared)
+
+    def start(self, prepared: Prepared) -> None:
+        """Let a prepared evaluation run; its deadline counts from here."""
+        if prepared.failure is None and prepared.started_at is None:
+            prepared.started_at = time.monotonic()
+            (prepared.workdir / "go").touch()
+
+    def collect(self, prepared: Prepared) -> EvalResult:
+        """Wait for a started evaluation and classify how it ended."""
         try:
             if prepared.failure is not None:
                 return prepared.failure
-            return self._run(prepared)
+            return self._wait(prepared)
         finally:
             shutil.rmtree(prepared.workdir, ignore_errors=True)
 
-    def _run(self, prepared: Prepared) -> EvalResult:
+    def _wait(self, prepared: Prepared) -> EvalResult:
         handle, workdir, options = prepared.handle, prepared.workdir, prepared.request.options
-        assert handle is not None and handle.pid is not None
-        start = time.monotonic()
-        (workdir / "go").touch()
+        assert handle is not None and handle.pid is not None and prepared.started_at is not None
+        start = prepared.started_at
         deadline = start + options.timeout_s
-        limit_bytes = options.memory_limit_mb << 20
+        limit_bytes = self.memory_limit_mb(prepared.request) << 20
         outcome = "done"
         while not handle.finished.wait(WATCH_INTERVAL_S):
             if time.monotonic() > deadline:
@@ -111,7 +128,7 @@ class Sandbox:
         if handle.server_died:
             _kill_group(handle.pid)
             outcome = "server_died"
-        result = self._result(outcome, handle, workdir, options.timeout_s, options.memory_limit_mb)
+        result = self._result(outcome, handle, workdir, options.timeout_s, self.memory_limit_mb(prepared.request))
         result.duration_s = round(time.monotonic() - start, 4)
         return result
 
@@ -139,6 +156,10 @@ class Sandbox:
 
     def close(self) -> None:
         self.server.close()
+
+
+def host_memory_mb() -> int:
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") >> 20
 
 
 def _crashed_by_status(status: int | None, workdir: Path) -> EvalResult:

@@ -42,6 +42,8 @@ SIDE_STREAM = "side_stream_timing"
 EXIT_CALLED = "exit_called"
 IMPOSSIBLE_SPEED = "impossible_speed"
 KILLED_HARNESS = "killed_harness"
+# Codes that already come with a failing status of their own (runtime_error, crashed): they explain, not convict.
+FAILURE_CODES = frozenset({EXIT_CALLED, KILLED_HARNESS})
 
 _isinstance, _type, _id, _getattr = builtins.isinstance, builtins.type, builtins.id, builtins.getattr
 _torch_equal, _torch_isnan = torch.equal, torch.isnan

@@ -93,6 +93,8 @@ class Evaluation:
         self.cand_path = self.workdir / "candidate.py"
         self.recorder.own_files = {str(self.cand_path)}
         self.recorder.install()
+        if _interpreting():
+            _autotune_by_wall_clock()
         try:
             self.cand_module = loading.load_module(
                 self.request.candidate, self.cand_path, f"drkernel_candidate_{os.getpid()}"
@@ -441,7 +443,7 @@ class Evaluation:
         if isinstance(exc, (SystemExit, KeyboardInterrupt, GeneratorExit)):
             self.findings.add(guards.EXIT_CALLED, f"the candidate raised {type(exc).__name__}: exiting is a failure.")
             return Failure(Status.RUNTIME_ERROR, type(exc).__name__, f"the candidate tried to exit ({exc!r})", tb)
-        if isinstance(exc, (SyntaxError, ImportError)) or _is_triton_compile_error(exc, str(self.cand_path)):
+        if isinstance(exc, (SyntaxError, ImportError)) or _is_triton_compile_error(exc):
             return Failure(Status.COMPILE_ERROR, type(exc).__name__, _message(exc), tb)
         return Failure(Status.RUNTIME_ERROR, type(exc).__name__, _message(exc), tb)
 
@@ -474,7 +476,7 @@ def evaluate(request: EvalRequest, workdir: Path, device: torch.device) -> EvalR
     except BaseException as exc:  # the harness itself failed on this input: say so, do not guess
         result.status = Status.RUNTIME_ERROR.value
         result.error = ErrorInfo(kind=type(exc).__name__, message=f"evaluation failed: {exc}", traceback=ev._tb(exc))
-    if ev.findings and opts.check_hacks:
+    if opts.check_hacks and set(ev.findings.codes) - guards.FAILURE_CODES:
         result.status = Status.HACKED.value
     result.hack_reasons = ev.findings.codes if opts.check_hacks else []
     result.hack_details = dict(ev.findings.details) if opts.check_hacks else {}
@@ -499,18 +501,25 @@ def _interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
-def _is_triton_compile_error(exc: BaseException, candidate_file: str) -> bool:
-    from triton.compiler.errors import CompilationError
+def _autotune_by_wall_clock() -> None:
+    """Triton's autotuner benchmarks through a GPU driver; under the interpreter there is none, so it would fail
+    every autotuned candidate. Give it a wall-clock benchmark instead (one call per configuration)."""
+    from triton.runtime.autotuner import Autotuner
 
-    if isinstance(exc, CompilationError):
-        return True
-    if not _interpreting():
-        return False
-    # Under the interpreter a bad kernel fails while its body runs: an interpreter frame, then the kernel's own.
-    frames = traceback.extract_tb(exc.__traceback__)
-    files = [f.filename for f in frames]
-    in_interpreter = [i for i, name in enumerate(files) if name.endswith(os.path.join("runtime", "interpreter.py"))]
-    return bool(in_interpreter) and candidate_file in files[in_interpreter[0]:]
+    def bench(kernel_call: Callable[[], Any], quantiles: tuple[float, ...]) -> list[float]:
+        start = time.perf_counter()
+        kernel_call()
+        return [(time.perf_counter() - start) * 1e3] * len(quantiles)
+
+    Autotuner.do_bench = property(lambda tuner: tuner._do_bench or bench)  # type: ignore[assignment]
+
+
+def _is_triton_compile_error(exc: BaseException) -> bool:
+    """Triton rejected the kernel: compilation failed, or under the interpreter the kernel's body raised."""
+    from triton.compiler.errors import CompilationError
+    from triton.runtime.errors import InterpreterError
+
+    return isinstance(exc, (CompilationError, InterpreterError))
 
 
 def _message(exc: BaseException) -> str:

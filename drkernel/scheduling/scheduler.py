@@ -1,0 +1,268 @@
+"""The embedded scheduler: a queue in front of one worker process per GPU (or N CPU workers).
+
+One evaluation per GPU at a time keeps timings clean; each worker holds a second job whose process starts while
+the first runs. A worker that dies (killed, crashed outside any evaluation) takes nothing with it: its jobs go
+back to the front of the queue and run again, up to `max_attempts`. A candidate's own failure is a result, never
+retried. No server, no ports, no extra processes beyond the workers.
+"""
+
+from __future__ import annotations
+
+import collections
+import itertools
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import IO, Callable, Iterable, Iterator, Protocol
+
+from drkernel.runner.sandbox import host_memory_mb
+from drkernel.schema import ErrorInfo, EvalRequest, EvalResult, Status
+
+JOBS_PER_WORKER = 2  # the running one and the one being prepared
+START_ALLOWANCE_S = 120.0  # beyond a job's own timeout: process start, CUDA initialisation, the job before it
+
+
+def discover_gpus() -> list[str]:
+    """GPUs this machine offers, found without initialising CUDA in this process."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        return [d.strip() for d in visible.split(",") if d.strip() and d.strip() != "-1"]
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=index", "--format=csv,noheader"],
+            capture_output=True, text=True, timeout=30, check=True,
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        return []
+    return [line.strip() for line in out.splitlines() if line.strip()]
+
+
+def resolve_device(device: str) -> str:
+    if device not in ("auto", "cpu", "cuda"):
+        raise ValueError(f"device must be auto, cpu or cuda, not {device!r}")
+    if device == "auto":
+        return "cuda" if discover_gpus() else "cpu"
+    if device == "cuda" and not discover_gpus():
+        raise RuntimeError("--device cuda was asked for, but no GPU is visible (nvidia-smi finds none)")
+    return device
+
+
+class Backend(Protocol):
+    """What the CLI and the service need from an evaluation engine (embedded or Ray)."""
+
+    def submit(self, request: EvalRequest) -> Future[EvalResult]: ...
+
+    def workers(self) -> list[dict[str, object]]: ...
+
+    def close(self) -> None: ...
+
+
+@dataclass
+class _Job:
+    id: str
+    request: EvalRequest
+    future: Future[EvalResult]
+    attempts: int = 0
+
+
+@dataclass
+class _Slot:
+    name: str
+    device: str
+    gpu: str | None
+    process: subprocess.Popen[bytes] | None = None
+    inflight: dict[str, _Job] = field(default_factory=dict)  # insertion order: the first one runs
+    head_since: float = 0.0
+    completed: int = 0
+    restarts: int = -1
+
+
+class Scheduler:
+    def __init__(self, device: str = "auto", workers: int | None = None, max_attempts: int = 3) -> None:
+        self.device = resolve_device(device)
+        self.max_attempts = max_attempts
+        if self.device == "cuda":
+            gpus = discover_gpus()
+            slots = [_Slot(f"gpu{g}", "cuda", g) for g in gpus[: workers or len(gpus)]]
+        else:
+            count = workers or max(1, (os.cpu_count() or 2) // 2)
+            slots = [_Slot(f"cpu{i}", "cpu", None) for i in range(count)]
+        self._slots = slots
+        self._queue: collections.deque[_Job] = collections.deque()
+        self._cond = threading.Condition()
+        self._ids = itertools.count()
+        self._closed = False
+        self._log_dir = tempfile.mkdtemp(prefix="drkernel-workers-")
+        self._threads = [threading.Thread(target=self._feed, args=(s,), daemon=True, name=f"drkernel-{s.name}")
+                         for s in slots]
+        for thread in self._threads:
+            thread.start()
+
+    # Public ------------------------------------------------------------------------------------------------
+
+    def submit(self, request: EvalRequest) -> Future[EvalResult]:
+        future: Future[EvalResult] = Future()
+        with self._cond:
+            if self._closed:
+                raise RuntimeError("the scheduler is closed")
+            self._queue.append(_Job(f"j{next(self._ids)}", request, future))
+            self._cond.notify_all()
+        return future
+
+    def evaluate_many(
+        self, requests: Iterable[EvalRequest], on_result: Callable[[int, EvalResult], None] | None = None
+    ) -> list[EvalResult]:
+        """Evaluate all requests; results come back in the order given, `on_result` sees them as they finish."""
+        futures = [self.submit(r) for r in requests]
+        if on_result is not None:
+            index = {id(f): i for i, f in enumerate(futures)}
+            lock = threading.Lock()
+
+            def report(f: Future[EvalResult]) -> None:
+                with lock:
+                    on_result(index[id(f)], f.result())
+
+            for f in futures:
+                f.add_done_callback(report)
+        return [f.result() for f in futures]
+
+    def workers(self) -> list[dict[str, object]]:
+        with self._cond:
+            return [
+                {
+                    "name": s.name,
+                    "device": s.device,
+                    "gpu": s.gpu,
+                    "pid": s.process.pid if s.process and s.process.poll() is None else None,
+                    "busy": bool(s.inflight),
+                    "inflight": len(s.inflight),
+                    "completed": s.completed,
+                    "restarts": max(s.restarts, 0),
+                }
+                for s in self._slots
+            ]
+
+    @property
+    def queued(self) -> int:
+        with self._cond:
+            return len(self._queue)
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            pending = list(self._queue)
+            self._queue.clear()
+            self._cond.notify_all()
+        for job in pending:
+            job.future.cancel()
+        for slot in self._slots:
+            if slot.process is not None and slot.process.poll() is None:
+                assert slot.process.stdin is not None
+                slot.process.stdin.close()
+                try:
+                    slot.process.wait(10)
+                except subprocess.TimeoutExpired:
+                    slot.process.kill()
+        for thread in self._threads:
+            thread.join(timeout=10)
+
+    def __enter__(self) -> Scheduler:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # Worker management -------------------------------------------------------------------------------------
+
+    def _start_worker(self, slot: _Slot) -> subprocess.Popen[bytes]:
+        # Two evaluation processes per worker may be alive at once: the machine's memory is shared among them all.
+        cap = int(host_memory_mb() * 0.8 / (JOBS_PER_WORKER * len(self._slots)))
+        command = [sys.executable, "-m", "drkernel.scheduling.worker", "--device", slot.device,
+                   "--memory-cap-mb", str(cap)]
+        if slot.gpu is not None:
+            command += ["--gpu", slot.gpu]
+        log = open(os.path.join(self._log_dir, f"{slot.name}.log"), "ab")
+        process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log)
+        log.close()
+        slot.process, slot.restarts = process, slot.restarts + 1
+        threading.Thread(target=self._read, args=(slot, process), daemon=True).start()
+        return process
+
+    def _feed(self, slot: _Slot) -> None:
+        """Keep the slot's worker supplied with up to JOBS_PER_WORKER jobs; kill it if its head job hangs."""
+        while True:
+            with self._cond:
+                while not self._closed and not (self._queue and len(slot.inflight) < JOBS_PER_WORKER):
+                    self._cond.wait(timeout=1.0)
+                    self._check_hung(slot)
+                if self._closed:
+                    return
+                job = self._queue.popleft()
+                if job.future.cancelled():
+                    continue
+                if slot.process is None or slot.process.poll() is not None:
+                    self._start_worker(slot)
+                if not slot.inflight:
+                    slot.head_since = time.monotonic()
+                slot.inflight[job.id] = job
+                job.attempts += 1
+                process = slot.process
+            assert process is not None and process.stdin is not None
+            try:
+                process.stdin.write((json.dumps({"job": job.id, "request": job.request.to_dict()}) + "\n").encode())
+                process.stdin.flush()
+            except OSError:
+                pass  # the reader sees the worker's end and requeues its jobs
+
+    def _check_hung(self, slot: _Slot) -> None:
+        if not slot.inflight or slot.process is None:
+            return
+        head = next(iter(slot.inflight.values()))
+        if time.monotonic() - slot.head_since > head.request.options.timeout_s + START_ALLOWANCE_S:
+            slot.process.kill()
+
+    def _read(self, slot: _Slot, process: subprocess.Popen[bytes]) -> None:
+        assert process.stdout is not None
+        for line in _lines(process.stdout):
+            message = json.loads(line)
+            with self._cond:
+                job = slot.inflight.pop(message["job"], None)
+                slot.completed += 1
+                slot.head_since = time.monotonic()
+                self._cond.notify_all()
+            if job is not None and not job.future.done():
+                job.future.set_result(EvalResult.from_dict(message["result"]))
+        process.wait()
+        with self._cond:  # the worker is gone: its jobs go back to the front of the queue
+            orphans = list(slot.inflight.values()) if slot.process is process else []
+            if slot.process is process:
+                slot.inflight.clear()
+            retry = [j for j in orphans if j.attempts < self.max_attempts]
+            self._queue.extendleft(reversed(retry))
+            self._cond.notify_all()
+        for job in orphans:
+            if job not in retry and not job.future.done():
+                job.future.set_result(_worker_lost(job, process.returncode))
+
+
+def _lines(stream: IO[bytes]) -> Iterator[bytes]:
+    for line in stream:
+        if line.strip():
+            yield line
+
+
+def _worker_lost(job: _Job, returncode: int | None) -> EvalResult:
+    return EvalResult(
+        status=Status.CRASHED.value,
+        error=ErrorInfo(
+            kind="WorkerLost",
+            message=f"the worker process died {job.attempts} time(s) while holding this evaluation "
+                    f"(last exit code {returncode}); given up",
+        ),
+    )
