@@ -11,7 +11,7 @@ from typing import Optional
 import typer
 from rich.console import Console
 
-from drkernel.schema import EvalOptions, EvalRequest, EvalResult
+from drkernel.schema import EvalOptions, EvalResult
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="KernelGym: evaluate Triton kernels safely.")
 err = Console(stderr=True)
@@ -81,24 +81,17 @@ def eval_command(
 
 def _eval_single(reference: Path, candidate: Path, options: EvalOptions, as_json: bool) -> None:
     from drkernel.feedback import render
-    from drkernel.runner.sandbox import Sandbox
-    from drkernel.scheduling.scheduler import discover_gpus, resolve_device
+    from drkernel.runner.evaluate import evaluate
 
-    request = EvalRequest(read_source(reference, "reference"), read_source(candidate, "candidate"), options,
-                          task_name=reference.stem)
+    ref_source, cand_source = read_source(reference, "reference"), read_source(candidate, "candidate")
     try:
-        device = resolve_device(options.device)
+        result: EvalResult = evaluate(ref_source, cand_source, options)
     except (RuntimeError, ValueError) as exc:
         raise fail(str(exc))
-    sandbox = Sandbox(device=device, gpu=discover_gpus()[0] if device == "cuda" else None)
-    try:
-        result: EvalResult = sandbox.evaluate(request)
-    finally:
-        sandbox.close()
     if as_json:
         sys.stdout.write(result.to_json() + "\n")
     else:
-        Console().print(render(result), markup=False, highlight=False)
+        print(render(result))
 
 
 @app.command("feedback")

@@ -8,7 +8,6 @@ candidate's own when the kernel's Python function was defined in the candidate's
 from __future__ import annotations
 
 import threading
-from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -98,10 +97,6 @@ class LaunchRecorder:
         with self._lock:
             failures, self.failures = self.failures, []
         return failures
-
-    @staticmethod
-    def own_counts(launches: list[Launch]) -> dict[str, int]:
-        return dict(Counter(launch.name for launch in launches if launch.own))
 
 
 def _resolve_grid(kernel_fn: Any, grid: Any, args: tuple, kwargs: dict) -> tuple[int, ...] | None:

@@ -14,6 +14,7 @@ import secrets
 import sys
 import time
 import traceback
+from collections import Counter
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -67,6 +68,8 @@ class Evaluation:
     findings: Findings = field(default_factory=Findings)
     notes: list[str] = field(default_factory=list)
     recorder: launches.LaunchRecorder = field(default_factory=launches.LaunchRecorder)
+    own_names: set[str] = field(default_factory=set)  # names of the candidate's own kernels seen launching
+    own_counts: Counter[str] = field(default_factory=Counter)  # launches per own kernel, correctness trials
 
     @property
     def options(self) -> EvalOptions:
@@ -193,8 +196,8 @@ class Evaluation:
         own = [launch for launch in recorded if launch.own]
         if label:
             self.launches_by_mode[label] = self.launches_by_mode.get(label, 0) + len(own)
-            self.own_names = getattr(self, "own_names", set()) | {launch.name for launch in own}
-            self.own_counts = launches.LaunchRecorder.own_counts(own)
+            self.own_names |= {launch.name for launch in own}
+            self.own_counts.update(launch.name for launch in own)
         if strict and ops.compute_ops():  # type: ignore[union-attr]
             used = ", ".join(f"{op} x{n}" for op, n in sorted(ops.compute_ops().items()))  # type: ignore[union-attr]
             self.findings.add(
@@ -365,8 +368,7 @@ class Evaluation:
             )
 
     def profile(self) -> Profile:
-        own = getattr(self, "own_names", set())
-        counts = getattr(self, "own_counts", {})
+        own, counts = self.own_names, dict(self.own_counts)
         if self.device.type != "cuda":
             return Profile(launches=counts, note="no GPU: launch counts only, coverage not measured")
         args = self._inputs(self.options.seed + 5000)

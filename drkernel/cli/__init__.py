@@ -1,0 +1,1 @@
+"""The `drkernel` command line."""

@@ -1,0 +1,1 @@
+"""Spread evaluations over devices: the embedded scheduler (worker processes) and the Ray backend."""
