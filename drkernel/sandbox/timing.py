@@ -93,7 +93,7 @@ def time_interleaved(
 
 def summarize(samples: Samples, method: str) -> TimingStats:
     values = samples.primary
-    q1, _, q3 = statistics.quantiles(values, n=4) if len(values) >= 2 else (values[0],) * 3
+    q1, _, q3 = statistics.quantiles(values, n=4, method="inclusive") if len(values) >= 2 else (values[0],) * 3
     return TimingStats(
         median_ms=statistics.median(values),
         iqr_ms=q3 - q1,

@@ -1,0 +1,152 @@
+"""Unit tests of the pieces of an evaluation: comparison, timing statistics, source hints, schema, feedback."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+from drkernel.feedback import relevant_traceback, render
+from drkernel.sandbox import correctness, timing
+from drkernel.sandbox.profiling import coverage_profile
+from drkernel.sandbox.static_checks import inspect_source
+from drkernel.schema import EvalOptions, EvalRequest, EvalResult, ErrorInfo, Status
+
+
+def test_identical_outputs_pass_with_zero_error() -> None:
+    x = torch.randn(100)
+    result = correctness.compare(x, x.clone(), trial=0)
+    assert result.ok and result.max_abs_diff == 0 and result.rel_error == 0
+
+
+def test_small_float32_noise_passes_but_reports_it() -> None:
+    x = torch.randn(1000)
+    result = correctness.compare(x, x + 1e-4, trial=0)
+    assert result.ok
+    assert result.max_abs_diff == pytest.approx(1e-4, rel=1e-2)
+    assert 0 < result.rel_error < 1e-3
+
+
+def test_first_mismatch_is_located() -> None:
+    ref = torch.zeros(3, 4) + 1.0
+    cand = ref.clone()
+    cand[1, 2] = 5.0
+    cand[2, 3] = 7.0
+    result = correctness.compare(ref, cand, trial=3)
+    assert not result.ok
+    m = result.mismatch
+    assert (m.trial, m.output, m.index, m.expected, m.actual, m.reason) == (3, 0, [1, 2], 1.0, 5.0, "value")
+    assert "2 of 12 elements differ" in result.message
+
+
+def test_zeros_cannot_pass_for_small_outputs_under_the_relative_bound() -> None:
+    ref = torch.randn(1000) * 1e-3  # every element within atol=1e-2 of zero
+    result = correctness.compare(ref, torch.zeros_like(ref), trial=0)
+    assert not result.ok and result.mismatch.reason == "rel_error"
+    assert result.rel_error == pytest.approx(1.0)
+
+
+def test_nonfinite_where_reference_is_finite_fails_and_matching_nan_passes() -> None:
+    ref = torch.tensor([1.0, float("nan"), 3.0])
+    assert correctness.compare(ref, ref.clone(), 0).ok
+    bad = torch.tensor([float("inf"), float("nan"), 3.0])
+    result = correctness.compare(ref, bad, 0)
+    assert not result.ok and result.mismatch.reason == "nonfinite" and result.mismatch.index == [0]
+
+
+@pytest.mark.parametrize(
+    "cand, reason",
+    [
+        (torch.randn(4, 5), "shape"),
+        (torch.randn(5, 4, dtype=torch.float64), "dtype"),
+        ([torch.randn(5, 4)], "type"),
+        (torch.randn(5, 4).numpy(), "type"),
+    ],
+)
+def test_structure_mismatches(cand, reason) -> None:
+    result = correctness.compare(torch.randn(5, 4), cand, 0)
+    assert not result.ok and result.mismatch.reason == reason
+
+
+def test_integer_outputs_must_match_exactly_and_tuples_are_compared_elementwise() -> None:
+    idx = torch.tensor([1, 2, 3])
+    assert correctness.compare((idx, torch.ones(2)), (idx.clone(), torch.ones(2)), 0).ok
+    result = correctness.compare((idx, torch.ones(2)), (idx + 1, torch.ones(2)), 0)
+    assert not result.ok and result.mismatch.output == 0
+
+
+def test_tolerance_overrides_apply() -> None:
+    ref = torch.ones(10)
+    assert not correctness.compare(ref, ref + 0.05, 0).ok
+    assert correctness.compare(ref, ref + 0.05, 0, atol=0.1, rtol=0.0, bound=0.1).ok
+
+
+def test_timing_summary_and_speedup_interval() -> None:
+    samples = timing.Samples(wall_ms=[1.0, 2.0, 3.0, 4.0, 100.0])
+    stats = timing.summarize(samples, "cpu_wall")
+    assert stats.median_ms == 3.0 and stats.trials == 5 and stats.min_ms == 1.0
+    assert stats.iqr_ms == pytest.approx(2.0)  # quartiles 2 and 4: robust to the outlier
+    low, high = timing.speedup_interval([2.0] * 20, [1.0] * 20, seed=0)
+    assert low == pytest.approx(2.0) and high == pytest.approx(2.0)
+    ref = [2.0 + 0.1 * math.sin(i) for i in range(30)]
+    cand = [1.0 + 0.05 * math.cos(i) for i in range(30)]
+    low, high = timing.speedup_interval(ref, cand, seed=1)
+    assert low < 2.0 < high and high - low < 0.3
+
+
+def test_cpu_call_timer_times_wall_clock() -> None:
+    timer = timing.CallTimer(torch.device("cpu"))
+    samples = timing.Samples()
+    out = timer(lambda a: a * 2, [torch.ones(3)], samples)
+    assert torch.equal(out, torch.full((3,), 2.0)) and len(samples.wall_ms) == 1 and not samples.event_ms
+
+
+def test_coverage_counts_only_exactly_named_own_kernels() -> None:
+    times = {"add_kernel": 80.0, "add_kernel_2": 10.0, "void at::native::elementwise": 10.0}
+    calls = {"add_kernel": 2, "add_kernel_2": 2, "void at::native::elementwise": 2}
+    profile = coverage_profile(times, calls, {"add_kernel"}, repeats=2)
+    assert profile.coverage == pytest.approx(0.8)  # add_kernel_2 is not matched by substring
+    assert profile.total_gpu_time_us == pytest.approx(50.0)
+    assert [k.name for k in profile.kernels][0] == "add_kernel" and profile.kernels[0].own
+
+
+def test_source_hints() -> None:
+    hints = inspect_source(
+        "import torch, threading, triton\n"
+        "@triton.jit\ndef k(x):\n    pass\n"
+        "class ModelNew(Model):\n"
+        "    def forward(self, x):\n"
+        "        if self.training: pass\n"
+        "        try:\n            k[(1,)](x)\n        except Exception:\n            return torch.relu(x)\n"
+    )
+    assert hints.triton_kernels == ["k"]
+    assert "ModelNew inherits Model" in hints.uses_reference_model
+    assert hints.fallback_handlers == [10]
+    assert hints.mode_queries == ["training"] and hints.escape_imports == ["threading"]
+    assert inspect_source("def (:").triton_kernels == []  # unparsable: no hints, no crash
+
+
+def test_result_json_round_trip_and_options_validation() -> None:
+    result = EvalResult(status="incorrect", error=ErrorInfo("Mismatch", "x"), notes=["n"])
+    assert EvalResult.from_json(result.to_json()) == result
+    with pytest.raises(ValueError, match="unknown option"):
+        EvalOptions.from_dict({"trails": 3})
+    with pytest.raises(ValueError):
+        EvalOptions(device="tpu")
+    request = EvalRequest("r", "c", EvalOptions(seed=7))
+    assert EvalRequest.from_dict(json.loads(json.dumps(request.to_dict()))) == request
+
+
+def test_feedback_renders_failures_with_their_error_and_relevant_traceback() -> None:
+    tb = "Traceback (most recent call last):\n" + "".join(
+        f'  File "/lib/torch/x{i}.py", line {i}, in f\n    g()\n' for i in range(20)
+    ) + '  File "candidate.py", line 12, in forward\n    k[(1,)](x)\nValueError: bad block\n'
+    result = EvalResult.failure(Status.RUNTIME_ERROR, "ValueError", "bad block", tb)
+    text = render(result)
+    assert "Verdict: RUNTIME_ERROR" in text and "Error (ValueError): bad block" in text
+    assert 'File "candidate.py", line 12' in text and "x3.py" not in text
+    assert relevant_traceback("short\ntrace") == "short\ntrace"
+    hacked = EvalResult(status="hacked", hack_reasons=["decoy_kernel"], hack_details={"decoy_kernel": "decoys"})
+    assert "Hack [decoy_kernel]: decoys" in render(hacked.to_dict())

@@ -1,0 +1,132 @@
+"""Whatever a candidate does, the harness survives and returns the right verdict within its timeout."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from drkernel.runner.sandbox import Sandbox
+from drkernel.schema import EvalOptions, EvalRequest
+
+REPO = Path(__file__).resolve().parents[1]
+REFERENCE = (REPO / "examples" / "tasks" / "1_vector_add.py").read_text()
+GOOD = (REPO / "examples" / "candidates" / "1_vector_add__triton.py").read_text()
+TIMEOUT_S = 8.0
+SLACK_S = 5.0  # "within the timeout plus a few seconds"
+
+BODY = """
+import os, sys, signal, ctypes, torch, torch.nn as nn
+class ModelNew(nn.Module):
+    def forward(self, a, b):
+{body}
+        return a + b
+"""
+
+CASES = {
+    # name: (candidate source, expected status, expected error kind or hack reason)
+    "raises": (BODY.format(body="        raise ValueError('boom')"), "runtime_error", "ValueError"),
+    "infinite_loop": (BODY.format(body="        while True: pass"), "timeout", "Timeout"),
+    "sys_exit": (BODY.format(body="        sys.exit(0)"), "runtime_error", "SystemExit"),
+    "os_exit": (BODY.format(body="        os._exit(0)"), "crashed", "Exit"),
+    "segfault": (BODY.format(body="        ctypes.string_at(0)"), "crashed", "Signal"),
+    "memory_bomb": (BODY.format(body="        x = [bytearray(1 << 26) for _ in range(10**6)]"), "runtime_error",
+                    "MemoryError"),
+    "kill_parent": (BODY.format(body="        os.kill(os.getppid(), signal.SIGKILL)"), "crashed", "KilledHarness"),
+    "kill_group": (BODY.format(body="        os.killpg(0, signal.SIGKILL)"), "crashed", "Signal"),
+    "syntax_error": ("class ModelNew(nn.Module)\n    pass\n", "compile_error", "SyntaxError"),
+    "import_error": ("import not_a_module_anywhere\n", "compile_error", "ModuleNotFoundError"),
+    "no_modelnew": ("import torch\nclass Other(torch.nn.Module):\n    pass\n", "invalid", "NoModelNew"),
+    "exit_at_import": ("raise SystemExit(0)\n", "runtime_error", "SystemExit"),
+}
+
+
+@pytest.fixture(scope="module")
+def sandbox():
+    box = Sandbox(device="cpu")
+    yield box
+    box.close()
+
+
+def options(**kw) -> EvalOptions:
+    return EvalOptions(timeout_s=TIMEOUT_S, memory_limit_mb=1024, perf_trials=3, warmup_trials=1, **kw)
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_hostile_candidate_gets_its_verdict(sandbox: Sandbox, name: str) -> None:
+    source, status, kind = CASES[name]
+    start = time.monotonic()
+    result = sandbox.evaluate(EvalRequest(REFERENCE, source, options()))
+    elapsed = time.monotonic() - start
+    assert result.status == status, result.to_json(indent=1)
+    assert result.error is not None and result.error.kind == kind
+    assert result.error.message
+    assert not result.correct
+    assert elapsed < TIMEOUT_S + SLACK_S
+
+
+def test_next_evaluation_is_unaffected(sandbox: Sandbox) -> None:
+    """After every kind of abuse above (same sandbox, same fork server), a correct kernel still passes."""
+    result = sandbox.evaluate(EvalRequest(REFERENCE, GOOD, options()))
+    assert result.status == "correct", result.to_json(indent=1)
+    assert result.correct and result.speedup is not None and result.speedup > 0
+    assert result.timing is not None and result.timing.candidate is not None
+    assert result.timing.candidate.method == "interpreter_wall"
+    assert "say nothing of GPU speed" in result.timing.note
+    assert result.environment is not None and result.environment.interpreter and not result.environment.gpu
+
+
+def test_candidate_sees_no_secrets_no_network_and_a_private_directory(sandbox: Sandbox, monkeypatch) -> None:
+    probe = BODY.format(body="""
+        import socket, tempfile
+        leaked = [k for k in os.environ if 'SECRET' in k or 'TOKEN' in k]
+        if leaked: raise RuntimeError('leaked ' + ','.join(leaked))
+        if os.getcwd() != tempfile.gettempdir(): raise RuntimeError('shared cwd ' + os.getcwd())
+        try:
+            socket.create_connection(('127.0.0.1', 9), timeout=1)
+        except OSError as exc:
+            raise RuntimeError('network: ' + type(exc).__name__)
+        raise RuntimeError('network: connected')""")
+    monkeypatch.setenv("DRKERNEL_TEST_SECRET", "hunter2")
+    monkeypatch.setenv("HF_TOKEN", "hf_abc")
+    box = Sandbox(device="cpu")  # a new fork server started with the secrets in the supervisor's environment
+    try:
+        result = box.evaluate(EvalRequest(REFERENCE, probe, options()))
+    finally:
+        box.close()
+    assert result.error is not None, result.to_json(indent=1)
+    message = result.error.message
+    assert message.startswith("network:"), message  # no leak, cwd private
+    if not any("network namespace unavailable" in n for n in result.notes):
+        assert message == "network: OSError"  # an empty namespace: even loopback is down (ENETUNREACH)
+
+
+def test_cli_json_gives_one_object_and_survives(tmp_path: Path) -> None:
+    ref = tmp_path / "ref.py"
+    ref.write_text(REFERENCE)
+    for source, status in ((GOOD, "correct"), (CASES["segfault"][0], "crashed")):
+        cand = tmp_path / "cand.py"
+        cand.write_text(source)
+        proc = subprocess.run(
+            [sys.executable, "-m", "drkernel.cli.main", "eval", "-r", str(ref), "-c", str(cand), "--device", "cpu",
+             "--timeout", str(TIMEOUT_S), "--perf-trials", "3", "--json"],
+            capture_output=True, text=True, timeout=120,
+        )
+        assert proc.returncode == 0, proc.stderr
+        result = json.loads(proc.stdout)  # exactly one JSON object, nothing else on stdout
+        assert result["status"] == status
+
+
+def test_cli_bad_arguments_exit_nonzero_with_a_message(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "drkernel.cli.main", "eval", "-r", str(tmp_path / "missing.py"),
+         "-c", str(tmp_path / "missing2.py"), "--json"],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert proc.returncode == 2
+    assert "cannot read the reference" in proc.stderr
+    assert proc.stdout == ""
