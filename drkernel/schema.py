@@ -159,6 +159,7 @@ class EvalOptions:
     rel_error_bound: float | None = None  # overrides the per-dtype default of ||out - ref|| / ||ref||
     check_hacks: bool = True
     allow_torch_glue: bool = True  # PyTorch ops around the Triton kernels (KernelBench and the paper allow it)
+    min_coverage: float = 0.05  # on a GPU, less of the time than this in the candidate's own kernels is lazy
     profile: bool = True
     interpreter_max_seconds: float = 60.0  # budget hint for interpreter runs on the CPU
 
@@ -171,6 +172,8 @@ class EvalOptions:
             raise ValueError("timeout_s must be positive")
         if self.correctness_trials < 1 or self.perf_trials < 1 or self.warmup_trials < 0:
             raise ValueError("correctness_trials and perf_trials must be >= 1, warmup_trials >= 0")
+        if not 0.0 <= self.min_coverage <= 1.0:
+            raise ValueError("min_coverage must lie in [0, 1]")
         if self.memory_limit_mb < 256:
             raise ValueError("memory_limit_mb must be at least 256")
 

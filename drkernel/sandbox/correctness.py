@@ -166,3 +166,16 @@ def _describe(value: Any) -> str:
     if isinstance(value, (tuple, list)):
         return f"a {type(value).__name__} of {len(value)}"
     return type(value).__name__
+
+
+def degeneracy(first: torch.Tensor, second: torch.Tensor) -> str | None:
+    """Why a task's reference barely depends on its inputs, judged from its outputs on two random input sets."""
+    a, b = first.detach().double().flatten(), second.detach().double().flatten()
+    scale = float(a.abs().max()) if a.numel() else 0.0
+    if scale < 1e-6:
+        return f"the reference output is (near) zero for random inputs (max |out| {scale:.2g})"
+    if a.shape == b.shape:
+        change = float((a - b).norm() / a.norm())
+        if change < 1e-3:
+            return f"the reference output barely changes with its inputs (relative change {change:.2g})"
+    return None

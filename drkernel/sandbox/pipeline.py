@@ -160,8 +160,9 @@ class Evaluation:
             summary.rel_error = max(summary.rel_error or 0.0, comparison.rel_error)
             first_ref = correctness.flatten_outputs(ref_out)[0]
             if isinstance(first_ref, torch.Tensor) and len(ref_samples) < 2:
-                ref_samples.append(first_ref.detach().double().cpu())
-            guards.poison(correctness.flatten_outputs(cand_out) + cand_inputs)
+                ref_samples.append(first_ref.detach().clone())
+            # Freed memory must not hold answers a later allocation could find.
+            guards.poison(correctness.flatten_outputs(cand_out) + correctness.flatten_outputs(ref_out) + cand_inputs)
             if not comparison.ok:
                 summary.first_mismatch = comparison.mismatch
                 self._note_dtype_cheat(ref_out, cand_out)
@@ -271,15 +272,10 @@ class Evaluation:
             )
 
     def _note_degenerate(self, samples: list[torch.Tensor]) -> None:
-        if not samples:
-            return
-        scale = float(samples[0].abs().max()) if samples[0].numel() else 0.0
-        if scale < 1e-6:
-            self.notes.append("degenerate_task: the reference output is (near) zero for random inputs")
-        elif len(samples) == 2 and samples[0].shape == samples[1].shape:
-            change = float((samples[0] - samples[1]).abs().max())
-            if change <= 1e-6 * scale:
-                self.notes.append("degenerate_task: the reference output does not change with its inputs")
+        if len(samples) == 2:
+            why = correctness.degeneracy(*samples)
+            if why:
+                self.notes.append(f"degenerate_task: {why}")
 
     # -- timing, profiling, ablation -------------------------------------------------------------------------
 
@@ -377,6 +373,13 @@ class Evaluation:
             result = profiling.profile_cuda(lambda: self.cand_model(*args), own)
             self.recorder.take()
         result.launches = counts
+        if self.options.check_hacks and result.coverage is not None and result.coverage < self.options.min_coverage:
+            self.findings.add(
+                guards.LAZY_KERNEL,
+                f"only {result.coverage:.1%} of the GPU time is spent in the candidate's own Triton kernels "
+                f"(at least {self.options.min_coverage:.0%} required): PyTorch does the work. Move the "
+                "computation into the kernels.",
+            )
         return result
 
     def ablate(self) -> None:
@@ -418,10 +421,13 @@ class Evaluation:
             self.tripwire.candidate_running = False
 
     def _seeded(self, seed: int, fn: Callable[[], Any]) -> Any:
+        """Call `fn` with every RNG seeded and the evaluation's device as the default one: tensors a task makes
+        without naming a device are born there (random inputs of gigabytes take seconds on the CPU)."""
         random.seed(seed)
         np.random.seed(seed % (2**32))
         torch.manual_seed(seed)
-        return fn()
+        with self.device:
+            return fn()
 
     def _inputs(self, seed: int) -> list[Any]:
         try:

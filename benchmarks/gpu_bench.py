@@ -1,0 +1,237 @@
+"""GPU measurements recorded in docs/benchmarks.md. Run on a CUDA machine from the repository root:
+
+    python benchmarks/gpu_bench.py SECTION [SECTION ...] --kernelbench PATH --out DIR
+
+Sections: env, hacks, kernelbench, onebyone, repeat, dobench, degenerate. Each prints a short table and writes
+DIR/<section>.json with every number.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from drkernel.scheduling.scheduler import Scheduler  # noqa: E402
+from drkernel.schema import EvalOptions, EvalRequest, EvalResult  # noqa: E402
+from drkernel.tasks import load_candidates, load_jsonl, load_task_dir, pair_candidates  # noqa: E402
+
+CASES = REPO / "benchmarks" / "gpu_cases"
+L1 = REPO / "benchmarks" / "kernelbench_l1"
+OPTIONS = EvalOptions(device="cuda", timeout_s=300)
+
+
+def kernelbench_pairs(path: Path) -> list[tuple[str, EvalRequest]]:
+    pairs = pair_candidates(load_jsonl(path), load_candidates(L1))
+    return [(t.name, EvalRequest(t.code, c.code, OPTIONS, task_name=t.name)) for t, c in pairs]
+
+
+def gpu_work_ms(result: EvalResult, options: EvalOptions) -> float:
+    """GPU time the evaluation must spend: every reference and candidate call it makes, at their medians."""
+    t = result.timing
+    if t is None or t.reference is None or t.candidate is None:
+        return 0.0
+    trials = max(options.correctness_trials, 5)
+    ref_calls = trials + options.perf_trials + options.warmup_trials
+    cand_calls = ref_calls + 4 + 2 + 1  # profiler warm-up and 3 profiled calls, ablation, bandwidth floor check
+    return ref_calls * t.reference.median_ms + cand_calls * t.candidate.median_ms
+
+
+def summary(result: EvalResult) -> dict:
+    p = result.profile
+    return {
+        "status": result.status,
+        "hack_reasons": result.hack_reasons,
+        "speedup": result.speedup,
+        "speedup_ci": result.speedup_ci,
+        "ref_ms": result.timing.reference.median_ms if result.timing and result.timing.reference else None,
+        "cand_ms": result.timing.candidate.median_ms if result.timing and result.timing.candidate else None,
+        "cand_wall_ms": result.timing.candidate.wall_median_ms if result.timing and result.timing.candidate else None,
+        "coverage": p.coverage if p else None,
+        "duration_s": result.duration_s,
+        "error": result.error.message[:300] if result.error else None,
+    }
+
+
+def section_env(args: argparse.Namespace) -> dict:
+    import torch
+    import triton
+
+    smi = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total,driver_version,clocks.sm,clocks.mem",
+                          "--format=csv,noheader"], capture_output=True, text=True).stdout.strip()
+    return {"python": sys.version.split()[0], "torch": torch.__version__, "triton": triton.__version__,
+            "nvidia_smi": smi, "date": time.strftime("%Y-%m-%d %H:%M:%S %Z")}
+
+
+def section_hacks(args: argparse.Namespace) -> dict:
+    task = (CASES / "fused_task.py").read_text()
+    requests = {name: EvalRequest(task, (CASES / f"{name}.py").read_text(), OPTIONS)
+                for name in ("fused", "lazy", "side_stream")}
+    examples = pair_candidates(load_task_dir(REPO / "examples" / "tasks"),
+                               load_candidates(REPO / "examples" / "candidates"))
+    for t, c in examples:
+        requests[f"example:{c.id}"] = EvalRequest(t.code, c.code, OPTIONS)
+    with Scheduler(device="cuda") as scheduler:
+        results = scheduler.evaluate_many(list(requests.values()))
+    return {name: summary(r) for name, r in zip(requests, results)}
+
+
+def section_kernelbench(args: argparse.Namespace) -> dict:
+    pairs = kernelbench_pairs(args.kernelbench)
+    start = time.monotonic()
+    with Scheduler(device="cuda") as scheduler:
+        results = scheduler.evaluate_many([r for _, r in pairs])
+    wall = time.monotonic() - start
+    rows = {}
+    for (name, request), result in zip(pairs, results):
+        row = summary(result)
+        row["gpu_work_s"] = gpu_work_ms(result, request.options) / 1e3
+        row["overhead_s"] = (result.duration_s or 0) - row["gpu_work_s"]
+        rows[name] = row
+    overheads = [r["overhead_s"] for r in rows.values() if r["status"] == "correct"]
+    return {"wall_s": wall, "evaluations": len(pairs), "per_minute": 60 * len(pairs) / wall,
+            "median_overhead_s": statistics.median(overheads) if overheads else None,
+            "max_overhead_s": max(overheads) if overheads else None, "problems": rows}
+
+
+def section_onebyone(args: argparse.Namespace) -> dict:
+    """The naive way: one `drkernel eval` process per problem, nothing kept warm."""
+    pairs = kernelbench_pairs(args.kernelbench)
+    tmp = Path(tempfile.mkdtemp())
+    statuses = {}
+    start = time.monotonic()
+    for name, request in pairs:
+        (tmp / "ref.py").write_text(request.reference)
+        (tmp / "cand.py").write_text(request.candidate)
+        proc = subprocess.run([sys.executable, "-m", "drkernel.cli.main", "eval", "-r", str(tmp / "ref.py"),
+                               "-c", str(tmp / "cand.py"), "--device", "cuda", "--json"],
+                              capture_output=True, text=True, cwd=REPO)
+        statuses[name] = json.loads(proc.stdout)["status"] if proc.returncode == 0 else f"exit {proc.returncode}"
+    wall = time.monotonic() - start
+    return {"wall_s": wall, "evaluations": len(pairs), "per_minute": 60 * len(pairs) / wall, "statuses": statuses}
+
+
+def section_repeat(args: argparse.Namespace) -> dict:
+    pairs = dict(kernelbench_pairs(args.kernelbench))
+    out = {}
+    with Scheduler(device="cuda") as scheduler:
+        for name in args.repeat_problems:
+            results = scheduler.evaluate_many([pairs[name]] * args.repeats)
+            speedups = [r.speedup for r in results if r.speedup is not None]
+            cand = [r.timing.candidate.median_ms for r in results if r.timing and r.timing.candidate]
+            out[name] = {
+                "statuses": [r.status for r in results],
+                "speedups": speedups,
+                "speedup_cv": statistics.stdev(speedups) / statistics.mean(speedups) if len(speedups) > 1 else None,
+                "candidate_ms": cand,
+                "candidate_ms_cv": statistics.stdev(cand) / statistics.mean(cand) if len(cand) > 1 else None,
+            }
+    return out
+
+
+def section_dobench(args: argparse.Namespace) -> dict:
+    """Our median for a candidate against triton.testing.do_bench's median of the same call (same GPU)."""
+    import torch
+    import triton.testing
+
+    pairs = dict(kernelbench_pairs(args.kernelbench))
+    out = {}
+    with Scheduler(device="cuda") as scheduler:
+        results = scheduler.evaluate_many([pairs[name] for name in args.dobench_problems])
+    for name, result in zip(args.dobench_problems, results):
+        request = pairs[name]
+        ref_mod = _load(request.reference, f"ref_{name}")
+        cand_mod = _load(request.candidate, f"cand_{name}")
+        torch.manual_seed(OPTIONS.seed)
+        init = ref_mod.get_init_inputs()
+        torch.manual_seed(OPTIONS.seed)
+        ref = ref_mod.Model(*init).cuda().eval()
+        torch.manual_seed(OPTIONS.seed)
+        cand = cand_mod.ModelNew(*init).cuda().eval()
+        inputs = [x.cuda() if isinstance(x, torch.Tensor) else x for x in ref_mod.get_inputs()]
+        with torch.no_grad():
+            ref_ms = triton.testing.do_bench(lambda: ref(*inputs), return_mode="median")
+            cand_ms = triton.testing.do_bench(lambda: cand(*inputs), return_mode="median")
+        ours = summary(result)
+        out[name] = {"ours_ref_ms": ours["ref_ms"], "do_bench_ref_ms": ref_ms,
+                     "ours_cand_ms": ours["cand_ms"], "do_bench_cand_ms": cand_ms,
+                     "ratio_cand": ours["cand_ms"] / cand_ms if ours["cand_ms"] else None,
+                     "ratio_ref": ours["ref_ms"] / ref_ms if ours["ref_ms"] else None}
+        del ref, cand, inputs
+        torch.cuda.empty_cache()
+    return out
+
+
+def section_degenerate(args: argparse.Namespace) -> dict:
+    """Which KernelBench references barely depend on their inputs (same criterion as the evaluator's note)."""
+    import torch
+
+    from drkernel.sandbox.correctness import degeneracy, flatten_outputs
+
+    rows = {}
+    for task in load_jsonl(args.kernelbench):
+        try:
+            module = _load(task.code, f"kb_{task.level}_{task.problem_id}")
+            torch.manual_seed(OPTIONS.seed)
+            model = module.Model(*module.get_init_inputs()).cuda()
+            outs = []
+            for seed in (OPTIONS.seed + 1000, OPTIONS.seed + 1001):
+                torch.manual_seed(seed)
+                inputs = [x.cuda() if isinstance(x, torch.Tensor) else x for x in module.get_inputs()]
+                with torch.no_grad():
+                    outs.append(flatten_outputs(model(*inputs))[0].float())
+            rows[task.key] = {"why": degeneracy(*outs)}
+            del model, outs, inputs
+        except Exception as exc:  # a problem that cannot run here is reported, not hidden
+            rows[task.key] = {"error": f"{type(exc).__name__}: {str(exc)[:200]}"}
+        torch.cuda.empty_cache()
+    flagged = {k: v["why"] for k, v in rows.items() if v.get("why")}
+    errors = {k: v["error"] for k, v in rows.items() if v.get("error")}
+    return {"checked": len(rows), "degenerate": flagged, "errors": errors}
+
+
+def _load(source: str, name: str):
+    path = Path(tempfile.mkdtemp()) / f"{name}.py"
+    path.write_text(source)
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+SECTIONS = {name[len("section_"):]: fn for name, fn in globals().items() if name.startswith("section_")}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("sections", nargs="+", choices=sorted(SECTIONS))
+    parser.add_argument("--kernelbench", type=Path, default=REPO.parent / "shared/kernelbench/kernelbench_levels1-3.jsonl")
+    parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "results/gpu")))
+    parser.add_argument("--repeats", type=int, default=10)
+    parser.add_argument("--repeat-problems", nargs="+", default=["1_Square_matrix_multiplication_", "36_RMSNorm_"])
+    parser.add_argument("--dobench-problems", nargs="+",
+                        default=["1_Square_matrix_multiplication_", "19_ReLU", "23_Softmax", "36_RMSNorm_",
+                                 "40_LayerNorm", "88_MinGPTNewGelu"])
+    args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    for name in args.sections:
+        start = time.monotonic()
+        data = SECTIONS[name](args)
+        (args.out / f"{name}.json").write_text(json.dumps(data, indent=1))
+        print(f"== {name} ({time.monotonic() - start:.1f} s)")
+        print(json.dumps(data, indent=1)[:6000], flush=True)
+
+
+if __name__ == "__main__":
+    main()
