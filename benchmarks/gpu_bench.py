@@ -60,6 +60,7 @@ def summary(result: EvalResult) -> dict:
         "coverage": p.coverage if p else None,
         "duration_s": result.duration_s,
         "error": result.error.message[:300] if result.error else None,
+        "phases_s": result.phases_s,
     }
 
 

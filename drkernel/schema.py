@@ -120,7 +120,8 @@ class EvalResult:
     profile: Profile | None = None
     environment: Environment | None = None
     notes: list[str] = field(default_factory=list)  # e.g. degenerate task, warnings
-    duration_s: float | None = None  # wall time of the whole evaluation, process start included
+    duration_s: float | None = None  # wall time of the evaluation, from its start signal to its result
+    phases_s: dict[str, float] = field(default_factory=dict)  # where the time went: load, build, correctness, ...
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -108,6 +108,11 @@ def feedback_command(result_file: Path = typer.Argument(..., help="A JSON result
             print(render(data.get("result", data)), end="\n\n")
 
 
+from drkernel.cli.serve import serve_command  # noqa: E402  (after `app`, `err` and `fail`, which it uses)
+
+app.command("serve")(serve_command)
+
+
 def main() -> None:
     app()
 

@@ -70,6 +70,7 @@ class Evaluation:
     recorder: launches.LaunchRecorder = field(default_factory=launches.LaunchRecorder)
     own_names: set[str] = field(default_factory=set)  # names of the candidate's own kernels seen launching
     own_counts: Counter[str] = field(default_factory=Counter)  # launches per own kernel, correctness trials
+    first_trial_s: float = 0.0  # the first correctness trial, where the candidate's kernels compile
 
     @property
     def options(self) -> EvalOptions:
@@ -139,6 +140,7 @@ class Evaluation:
         summary = Correctness(trials=trials)
         self.launches_by_mode: dict[str, int] = {}
         ref_samples: list[torch.Tensor] = []
+        started = time.perf_counter()
         for trial in range(trials):
             label, training, grad_mode = MODES[trial % len(MODES)]
             inputs = self._inputs(opts.seed + 1000 + trial)
@@ -169,6 +171,8 @@ class Evaluation:
                 self.correctness = summary
                 raise Failure(Status.INCORRECT, "Mismatch", f"trial {trial} ({label}): {comparison.message}")
             summary.passed_trials += 1
+            if trial == 0:
+                self.first_trial_s = time.perf_counter() - started
         self._check_modes()
         self._note_degenerate(ref_samples)
         self.correctness = summary
@@ -373,7 +377,8 @@ class Evaluation:
             result = profiling.profile_cuda(lambda: self.cand_model(*args), own)
             self.recorder.take()
         result.launches = counts
-        if self.options.check_hacks and result.coverage is not None and result.coverage < self.options.min_coverage:
+        lazy = result.coverage is not None and result.coverage < self.options.min_coverage
+        if self.options.check_hacks and lazy and guards.NO_TRITON_KERNEL not in self.findings.details:
             self.findings.add(
                 guards.LAZY_KERNEL,
                 f"only {result.coverage:.1%} of the GPU time is spent in the candidate's own Triton kernels "
@@ -467,15 +472,16 @@ def evaluate(request: EvalRequest, workdir: Path, device: torch.device) -> EvalR
     result = EvalResult(environment=environment(device))
     opts = request.options
     try:
-        ev.load()
-        ev.build()
-        result.correctness = ev.check_correctness()
+        _timed(result, "load", ev.load)
+        _timed(result, "build", ev.build)
+        result.correctness = _timed(result, "correctness", ev.check_correctness)
+        result.phases_s["correctness_first_trial"] = round(ev.first_trial_s, 4)  # Triton compiles here
         if opts.measure_performance:
-            result.timing, result.speedup, result.speedup_ci = ev.measure()
+            result.timing, result.speedup, result.speedup_ci = _timed(result, "timing", ev.measure)
         if opts.profile:
-            result.profile = ev.profile()
+            result.profile = _timed(result, "profile", ev.profile)
         if opts.check_hacks:
-            ev.ablate()
+            _timed(result, "ablation", ev.ablate)
         result.status = Status.CORRECT.value
     except Failure as failure:
         result.status = failure.status.value
@@ -491,6 +497,26 @@ def evaluate(request: EvalRequest, workdir: Path, device: torch.device) -> EvalR
     result.correct = result.status == Status.CORRECT.value
     result.notes = ev.notes
     return result
+
+
+def warm_up(device: torch.device) -> None:
+    """Start-up costs paid before the evaluation's start signal, while the previous evaluation may still run:
+    the CUDA context, the profiler's CUPTI initialisation, the caching allocator."""
+    if device.type != "cuda":
+        return
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]):
+        torch.ones(1, device=device).add_(1)
+        torch.cuda.synchronize()
+
+
+def _timed(result: EvalResult, phase: str, step: Callable[[], Any]) -> Any:
+    start = time.perf_counter()
+    try:
+        return step()
+    finally:
+        result.phases_s[phase] = round(time.perf_counter() - start, 4)
 
 
 def environment(device: torch.device) -> Environment:

@@ -1,0 +1,202 @@
+"""Evaluate on a Ray cluster: one long-lived actor per GPU (or per `num_cpus_per_eval` CPUs), a queue in front.
+
+Why actors, not tasks: an evaluation forks from a warm fork server that has already imported torch and Triton
+(seconds of start-up), and reuses the Triton cache of its GPU. A Ray task would pay that start-up per evaluation;
+an actor pays it once and owns its GPU for its lifetime, which also keeps timings clean (one evaluation per GPU).
+
+Each actor runs `drkernel.runner.sandbox.Sandbox`, which already turns every candidate failure (raise, exit,
+segfault, hang, memory) into a result: an actor method raises only when the actor itself is lost (its node died,
+its process was killed). Those are the failures Ray retries: `max_restarts` brings the actor back, and
+`max_task_retries` reruns the evaluation it held. When the retries are spent, the evaluation ends as an
+infrastructure failure (status crashed, error kind WorkerLost), never as the candidate's fault.
+
+The queue lives in this process: each actor gets at most `JOBS_PER_ACTOR` evaluations at once, and the next one is
+sent when one comes back, so a slow GPU never hoards work that an idle one could do.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import os
+import threading
+from concurrent.futures import Future, InvalidStateError
+from dataclasses import dataclass, field
+from typing import Any
+
+from drkernel.runner.sandbox import Sandbox, host_memory_mb
+from drkernel.schema import ErrorInfo, EvalRequest, EvalResult, Status
+
+try:
+    import ray
+except ImportError as exc:  # optional dependency
+    raise ImportError("the Ray backend needs Ray: pip install 'drkernel[ray]'") from exc
+
+JOBS_PER_ACTOR = 2  # the running evaluation and the next, queued inside the actor: no idle gap between them
+MAX_RESTARTS = 3  # an actor whose process or node dies comes back this many times
+MAX_TASK_RETRIES = 3  # and the evaluation it held runs again, this many times
+
+
+class EvaluationActor:
+    """Owns one device slot on one node: a warm Sandbox, fed one evaluation at a time."""
+
+    def __init__(self, device: str, resource: str, per_actor: float) -> None:
+        self.device = device
+        # Ray sets CUDA_VISIBLE_DEVICES to the GPU it gave this actor; the sandbox's child sets CUDA_VISIBLE_DEVICES
+        # to `gpu` itself, so it needs that value as given (a physical index or UUID), not the index "0" seen here.
+        self.gpu = _assigned_gpu() if device == "cuda" else None
+        share = _actors_on_node(resource, per_actor)
+        self.sandbox = Sandbox(device=device, gpu=self.gpu, memory_cap_mb=int(host_memory_mb() * 0.8 / share))
+        self.completed = 0
+
+    def evaluate(self, request: dict[str, Any]) -> tuple[dict[str, Any], int]:
+        """The result, and this process's pid: a new pid tells the driver that Ray restarted the actor."""
+        result = self.sandbox.evaluate(EvalRequest.from_dict(request))
+        self.completed += 1
+        return result.to_dict(), os.getpid()
+
+    def info(self) -> dict[str, Any]:
+        return {"device": self.device, "gpu": self.gpu, "pid": os.getpid(), "completed": self.completed,
+                "node": ray.get_runtime_context().get_node_id()}
+
+
+def _assigned_gpu() -> str:
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "")
+    return visible.split(",")[0] if visible else str(ray.get_gpu_ids()[0])
+
+
+def _actors_on_node(resource: str, per_actor: float) -> float:
+    """How many actors like this one the node holds: they share its memory."""
+    node = ray.get_runtime_context().get_node_id()
+    resources = next(n["Resources"] for n in ray.nodes() if n["NodeID"] == node)
+    return max(1.0, resources.get(resource, 1.0) // per_actor)
+
+
+@dataclass
+class _Actor:
+    name: str
+    handle: Any
+    inflight: int = 0
+    restarts: int = 0
+    pid: int | None = None  # last seen; a different one means Ray restarted the actor
+
+    def seen(self, pid: int) -> None:
+        self.restarts += self.pid is not None and pid != self.pid
+        self.pid = pid
+
+
+@dataclass(eq=False)  # jobs are compared (and hashed) by identity
+class _Job:
+    request: EvalRequest
+    future: Future[EvalResult] = field(default_factory=Future)
+
+
+class RayBackend:
+    """The `Backend` protocol on Ray: `submit -> Future[EvalResult]`, `workers()`, `close()`."""
+
+    def __init__(self, address: str | None = "auto", device: str = "auto", num_cpus_per_eval: float = 1) -> None:
+        self._owns_ray = not ray.is_initialized()
+        if self._owns_ray:
+            try:
+                ray.init(address=address, log_to_driver=False, include_dashboard=False)
+            except ConnectionError as exc:
+                raise RuntimeError(f"cannot reach the Ray cluster at {address!r}: {exc}") from exc
+        resources = ray.cluster_resources()
+        self.device = _resolve(device, resources)
+        if self.device == "cuda":
+            resource, per_actor, options = "GPU", 1.0, {"num_gpus": 1, "num_cpus": num_cpus_per_eval}
+        else:
+            resource, per_actor, options = "CPU", num_cpus_per_eval, {"num_cpus": num_cpus_per_eval}
+        count = int(resources.get(resource, 0) // per_actor)
+        if count < 1:
+            raise RuntimeError(f"the Ray cluster has no room for one evaluation ({options}): {resources}")
+        remote = ray.remote(EvaluationActor).options(
+            max_restarts=MAX_RESTARTS, max_task_retries=MAX_TASK_RETRIES, **options
+        )
+        self._actors = [
+            _Actor(f"ray-{self.device}{i}", remote.remote(self.device, resource, per_actor)) for i in range(count)
+        ]
+        self._queue: collections.deque[_Job] = collections.deque()
+        self._inflight: set[_Job] = set()
+        self._lock = threading.Lock()
+        self._closed = False
+
+    def submit(self, request: EvalRequest) -> Future[EvalResult]:
+        job = _Job(request)
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("the Ray backend is closed")
+            self._queue.append(job)
+            self._feed()
+        return job.future
+
+    def workers(self) -> list[dict[str, object]]:
+        infos = ray.get([a.handle.info.remote() for a in self._actors], timeout=30)
+        with self._lock:
+            for actor, info in zip(self._actors, infos):
+                actor.seen(info["pid"])
+            return [
+                {"name": a.name, **info, "busy": a.inflight > 0, "inflight": a.inflight, "restarts": a.restarts}
+                for a, info in zip(self._actors, infos)
+            ]
+
+    @property
+    def queued(self) -> int:
+        with self._lock:
+            return len(self._queue)
+
+    def close(self) -> None:
+        """Cancel what has not finished (a service resumes it after a restart) and let the actors go."""
+        with self._lock:
+            self._closed = True
+            unfinished = [*self._queue, *self._inflight]
+            self._queue.clear()
+        for job in unfinished:
+            job.future.cancel()
+        for actor in self._actors:
+            ray.kill(actor.handle)
+        if self._owns_ray:
+            ray.shutdown()
+
+    # Internals --------------------------------------------------------------------------------------------
+
+    def _feed(self) -> None:
+        """Send queued jobs to actors with room (least loaded first); called with the lock held."""
+        while self._queue and not self._closed:
+            actor = min(self._actors, key=lambda a: a.inflight)
+            if actor.inflight >= JOBS_PER_ACTOR:
+                return
+            job = self._queue.popleft()
+            if job.future.cancelled():
+                continue
+            actor.inflight += 1
+            self._inflight.add(job)
+            ref = actor.handle.evaluate.remote(job.request.to_dict())
+            ref.future().add_done_callback(lambda f, a=actor, j=job: self._done(a, j, f))
+
+    def _done(self, actor: _Actor, job: _Job, outcome: Future[tuple[dict[str, Any], int]]) -> None:
+        error = outcome.exception()
+        with self._lock:
+            actor.inflight -= 1
+            self._inflight.discard(job)
+            if error is None:
+                actor.seen(outcome.result()[1])
+            self._feed()
+        with contextlib.suppress(InvalidStateError):  # cancelled by close() meanwhile
+            job.future.set_result(EvalResult.from_dict(outcome.result()[0]) if error is None else _actor_lost(error))
+
+
+def _resolve(device: str, resources: dict[str, float]) -> str:
+    if device not in ("auto", "cpu", "cuda"):
+        raise ValueError(f"device must be auto, cpu or cuda, not {device!r}")
+    gpus = resources.get("GPU", 0) >= 1
+    if device == "cuda" and not gpus:
+        raise RuntimeError("device cuda was asked for, but the Ray cluster offers no GPU")
+    return device if device != "auto" else ("cuda" if gpus else "cpu")
+
+
+def _actor_lost(error: BaseException) -> EvalResult:
+    return EvalResult(
+        status=Status.CRASHED.value,
+        error=ErrorInfo(kind="WorkerLost", message=f"the Ray actor was lost and Ray's retries are spent: {error!r}"),
+    )
