@@ -28,6 +28,10 @@ KILL_GRACE_S = 5.0
 OUTPUT_TAIL_CHARS = 3000
 
 
+class _NeverStarted(Exception):
+    pass
+
+
 @dataclass
 class Prepared:
     request: EvalRequest
@@ -105,6 +109,10 @@ class Sandbox:
             if prepared.failure is not None:
                 return prepared.failure
             return self._wait(prepared)
+        except _NeverStarted:
+            # Its process died while waiting to start, with the fork server (killed by the evaluation before it):
+            # none of this request's code has run, so it runs afresh.
+            return self.finish(self.prepare(prepared.request))
         finally:
             shutil.rmtree(prepared.workdir, ignore_errors=True)
 
@@ -127,6 +135,8 @@ class Sandbox:
             break
         if handle.server_died:
             _kill_group(handle.pid)
+            if not (workdir / "started").exists():
+                raise _NeverStarted
             outcome = "server_died"
         result = self._result(outcome, handle, workdir, options.timeout_s, self.memory_limit_mb(prepared.request))
         result.duration_s = round(time.monotonic() - start, 4)

@@ -6,6 +6,7 @@ Element-wise `isclose` with per-dtype atol/rtol (KernelBench's defaults), plus a
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,7 +21,8 @@ TOLERANCES: dict[torch.dtype, tuple[float, float, float]] = {
     torch.float16: (1e-2, 1e-2, 1e-2),
     torch.bfloat16: (5e-2, 5e-2, 3e-2),
 }
-EXACT = (0.0, 0.0, 0.0)  # integer and boolean outputs must match exactly
+EXACT = (0.0, 0.0, 0.0)
+COMPARE_CHUNK = 1 << 24  # elements compared at once (128 MB of float64 per operand)  # integer and boolean outputs must match exactly
 
 # Floating dtypes by precision: a candidate answering in a lower one cuts the work it was asked to do.
 PRECISION_RANK = {torch.float16: 1, torch.bfloat16: 1, torch.float32: 2, torch.float64: 3}
@@ -102,27 +104,48 @@ def compare_tensor(
     if ref.numel() == 0:
         return Comparison(ok=True, tolerance=tol)
     if not ref.dtype.is_floating_point and not ref.dtype.is_complex:
-        bad = ref != cand
+        bad = (ref != cand).reshape(-1)
         if bad.any():
-            return _first_bad(ref, cand, bad, trial, index, "value", tol)
+            first = int(bad.nonzero()[0, 0])
+            return _first_bad(ref, cand, first, int(bad.sum()), trial, index, "value", tol)
         return Comparison(ok=True, tolerance=tol)
-    r, c = ref.detach().double(), cand.detach().double()
-    finite = torch.isfinite(r)
-    nonfinite = finite & ~torch.isfinite(c)
-    if nonfinite.any():
-        return _first_bad(r, c, nonfinite, trial, index, "nonfinite", tol)
-    close = torch.isclose(c, r, rtol=tol.rtol, atol=tol.atol, equal_nan=True)
-    diff = (c - r).abs().where(finite, torch.zeros_like(r))
-    max_abs = float(diff.max())
-    ref_norm = float(r.where(finite, torch.zeros_like(r)).norm())
-    rel = float(diff.norm()) / ref_norm if ref_norm > 0 else (0.0 if float(diff.norm()) == 0 else float("inf"))
-    if not close.all():
-        result = _first_bad(r, c, ~close, trial, index, "value", tol)
+    return _compare_floating(ref.detach(), cand.detach(), tol, trial, index)
+
+
+def _compare_floating(ref: torch.Tensor, cand: torch.Tensor, tol: Tolerance, trial: int, index: int) -> Comparison:
+    """Compare in float64, chunk by chunk: outputs of several GB must not need several times that in memory."""
+    ref_flat, cand_flat = ref.reshape(-1), cand.reshape(-1)
+    first_nonfinite = first_far = None
+    nonfinite_count = far_count = 0
+    max_abs, diff_sq, ref_sq = 0.0, 0.0, 0.0
+    for start in range(0, ref_flat.numel(), COMPARE_CHUNK):
+        r = ref_flat[start:start + COMPARE_CHUNK].double()
+        c = cand_flat[start:start + COMPARE_CHUNK].double()
+        finite = torch.isfinite(r)
+        nonfinite = finite & ~torch.isfinite(c)
+        far = ~torch.isclose(c, r, rtol=tol.rtol, atol=tol.atol, equal_nan=True)
+        for mask, kind in ((nonfinite, "nonfinite"), (far, "far")):
+            count = int(mask.sum())
+            if count and kind == "nonfinite":
+                first_nonfinite = first_nonfinite if first_nonfinite is not None else start + int(mask.nonzero()[0, 0])
+                nonfinite_count += count
+            elif count:
+                first_far = first_far if first_far is not None else start + int(mask.nonzero()[0, 0])
+                far_count += count
+        zero = torch.zeros((), dtype=r.dtype, device=r.device)
+        diff = torch.where(finite & torch.isfinite(c), (c - r).abs(), zero)
+        max_abs = max(max_abs, float(diff.max()))
+        diff_sq += float(diff.square().sum())
+        ref_sq += float(torch.where(finite, r, zero).square().sum())
+    diff_norm, ref_norm = math.sqrt(diff_sq), math.sqrt(ref_sq)
+    rel = diff_norm / ref_norm if ref_norm > 0 else (0.0 if diff_norm == 0 else math.inf)
+    if first_nonfinite is not None:
+        result = _first_bad(ref, cand, first_nonfinite, nonfinite_count, trial, index, "nonfinite", tol)
+    elif first_far is not None:
+        result = _first_bad(ref, cand, first_far, far_count, trial, index, "value", tol)
     elif rel > tol.rel_error_bound:
-        result = _fail(
-            trial, index, [], None, None, "rel_error",
-            f"relative error {rel:.3g} exceeds the bound {tol.rel_error_bound:g}", tol,
-        )
+        result = _fail(trial, index, [], None, None, "rel_error",
+                       f"relative error {rel:.3g} exceeds the bound {tol.rel_error_bound:g}", tol)
     else:
         return Comparison(ok=True, max_abs_diff=max_abs, rel_error=rel, tolerance=tol)
     result.max_abs_diff, result.rel_error = max_abs, min(rel, 1e300)
@@ -130,14 +153,12 @@ def compare_tensor(
 
 
 def _first_bad(
-    ref: torch.Tensor, cand: torch.Tensor, bad: torch.Tensor, trial: int, index: int, reason: str, tol: Tolerance
+    ref: torch.Tensor, cand: torch.Tensor, flat: int, count: int, trial: int, index: int, reason: str, tol: Tolerance
 ) -> Comparison:
-    flat = int(bad.reshape(-1).nonzero()[0, 0])
-    where = [int(i) for i in _unravel(flat, tuple(ref.shape))]
-    expected, actual = ref.reshape(-1)[flat].item(), cand.reshape(-1)[flat].item()
-    count = int(bad.sum())
+    where = _unravel(flat, tuple(ref.shape))
+    expected, actual = float(ref.reshape(-1)[flat].item()), float(cand.reshape(-1)[flat].item())
     message = f"{count} of {ref.numel()} elements differ; first at {where}: expected {expected:.6g}, got {actual:.6g}"
-    return _fail(trial, index, where, float(expected), float(actual), reason, message, tol)
+    return _fail(trial, index, where, expected, actual, reason, message, tol)
 
 
 def _fail(

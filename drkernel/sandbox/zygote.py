@@ -54,6 +54,7 @@ def child_main(job: dict[str, Any], zygote_pid: int, inherited_fds: list[int]) -
         pipeline.warm_up(device)
         while not os.path.exists("go"):
             time.sleep(GO_POLL_S)
+        Path("started").touch()  # from here on, a death of the fork server is this evaluation's doing
         request = EvalRequest.from_dict(json.loads(Path("request.json").read_text()))
         result = pipeline.evaluate(request, Path(workdir), device)
         if networked:

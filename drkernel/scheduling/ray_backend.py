@@ -35,6 +35,7 @@ except ImportError as exc:  # optional dependency
 JOBS_PER_ACTOR = 2  # the running evaluation and the next, queued inside the actor: no idle gap between them
 MAX_RESTARTS = 3  # an actor whose process or node dies comes back this many times
 MAX_TASK_RETRIES = 3  # and the evaluation it held runs again, this many times
+ACTOR_START_TIMEOUT_S = 300.0  # for the cluster to place and start every actor
 
 
 class EvaluationActor:
@@ -47,16 +48,13 @@ class EvaluationActor:
         self.gpu = _assigned_gpu() if device == "cuda" else None
         share = _actors_on_node(resource, per_actor)
         self.sandbox = Sandbox(device=device, gpu=self.gpu, memory_cap_mb=int(host_memory_mb() * 0.8 / share))
-        self.completed = 0
 
-    def evaluate(self, request: dict[str, Any]) -> tuple[dict[str, Any], int]:
-        """The result, and this process's pid: a new pid tells the driver that Ray restarted the actor."""
-        result = self.sandbox.evaluate(EvalRequest.from_dict(request))
-        self.completed += 1
-        return result.to_dict(), os.getpid()
+    def evaluate(self, request: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+        """The result, and where it ran: a new pid tells the driver that Ray restarted this actor."""
+        return self.sandbox.evaluate(EvalRequest.from_dict(request)).to_dict(), self.info()
 
     def info(self) -> dict[str, Any]:
-        return {"device": self.device, "gpu": self.gpu, "pid": os.getpid(), "completed": self.completed,
+        return {"device": self.device, "gpu": self.gpu, "pid": os.getpid(),
                 "node": ray.get_runtime_context().get_node_id()}
 
 
@@ -76,13 +74,15 @@ def _actors_on_node(resource: str, per_actor: float) -> float:
 class _Actor:
     name: str
     handle: Any
+    info: dict[str, Any] = field(default_factory=dict)  # as last reported: device, gpu, pid, node
     inflight: int = 0
+    completed: int = 0
     restarts: int = 0
-    pid: int | None = None  # last seen; a different one means Ray restarted the actor
 
-    def seen(self, pid: int) -> None:
-        self.restarts += self.pid is not None and pid != self.pid
-        self.pid = pid
+    def seen(self, info: dict[str, Any]) -> None:
+        """A different pid than before means Ray restarted the actor."""
+        self.restarts += bool(self.info) and info["pid"] != self.info["pid"]
+        self.info = info
 
 
 @dataclass(eq=False)  # jobs are compared (and hashed) by identity
@@ -116,6 +116,13 @@ class RayBackend:
         self._actors = [
             _Actor(f"ray-{self.device}{i}", remote.remote(self.device, resource, per_actor)) for i in range(count)
         ]
+        try:
+            infos = ray.get([a.handle.info.remote() for a in self._actors], timeout=ACTOR_START_TIMEOUT_S)
+        except ray.exceptions.GetTimeoutError as exc:
+            raise RuntimeError(f"the Ray cluster did not start {count} evaluation actors ({options}) within "
+                               f"{ACTOR_START_TIMEOUT_S:g} s") from exc
+        for actor, info in zip(self._actors, infos):
+            actor.seen(info)
         self._queue: collections.deque[_Job] = collections.deque()
         self._inflight: set[_Job] = set()
         self._lock = threading.Lock()
@@ -131,13 +138,12 @@ class RayBackend:
         return job.future
 
     def workers(self) -> list[dict[str, object]]:
-        infos = ray.get([a.handle.info.remote() for a in self._actors], timeout=30)
+        """What this process knows (no remote call: an actor answers only between evaluations)."""
         with self._lock:
-            for actor, info in zip(self._actors, infos):
-                actor.seen(info["pid"])
             return [
-                {"name": a.name, **info, "busy": a.inflight > 0, "inflight": a.inflight, "restarts": a.restarts}
-                for a, info in zip(self._actors, infos)
+                {"name": a.name, **a.info, "busy": a.inflight > 0, "inflight": a.inflight,
+                 "completed": a.completed, "restarts": a.restarts}
+                for a in self._actors
             ]
 
     @property
@@ -181,6 +187,7 @@ class RayBackend:
             self._inflight.discard(job)
             if error is None:
                 actor.seen(outcome.result()[1])
+                actor.completed += 1
             self._feed()
         with contextlib.suppress(InvalidStateError):  # cancelled by close() meanwhile
             job.future.set_result(EvalResult.from_dict(outcome.result()[0]) if error is None else _actor_lost(error))

@@ -11,33 +11,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import select
+import queue
 import sys
+import threading
 from typing import IO, Any
 
 from drkernel.runner.sandbox import Prepared, Sandbox
 from drkernel.schema import EvalRequest, EvalResult, Status
-
-
-class JobReader:
-    def __init__(self, stream: IO[bytes]) -> None:
-        self.fd = stream.fileno()
-        self.buffer = b""
-        self.closed = False
-
-    def next(self, block: bool) -> dict[str, Any] | None:
-        while b"\n" not in self.buffer:
-            if self.closed:
-                return None
-            if not block and not select.select([self.fd], [], [], 0)[0]:
-                return None
-            chunk = os.read(self.fd, 1 << 20)
-            if not chunk:
-                self.closed = True
-                return None
-            self.buffer += chunk
-        line, self.buffer = self.buffer.split(b"\n", 1)
-        return json.loads(line) if line.strip() else self.next(block)
 
 
 def prepare(sandbox: Sandbox, job: dict[str, Any]) -> tuple[str, Prepared | EvalResult]:
@@ -48,22 +28,21 @@ def prepare(sandbox: Sandbox, job: dict[str, Any]) -> tuple[str, Prepared | Eval
     return job["job"], sandbox.prepare(request)
 
 
-def run(sandbox: Sandbox, jobs: JobReader, out: IO[str]) -> None:
-    upcoming: tuple[str, Prepared | EvalResult] | None = None
-    while True:
-        if upcoming is None:
-            job = jobs.next(block=True)
-            if job is None:
-                return
-            upcoming = prepare(sandbox, job)
-        job_id, current = upcoming
-        upcoming = None
-        if isinstance(current, Prepared):
-            sandbox.start(current)
-        following = jobs.next(block=False)
-        if following is not None:
-            upcoming = prepare(sandbox, following)  # forks and initialises while `current` runs
-        result = sandbox.collect(current) if isinstance(current, Prepared) else current
+def run(sandbox: Sandbox, jobs: IO[bytes], out: IO[str]) -> None:
+    """Evaluate jobs in order; each job's process is forked as soon as the job arrives, so its start-up overlaps
+    the evaluation in front of it."""
+    ready: queue.Queue[tuple[str, Prepared | EvalResult] | None] = queue.Queue()
+
+    def receive() -> None:
+        for line in jobs:
+            if line.strip():
+                ready.put(prepare(sandbox, json.loads(line)))
+        ready.put(None)
+
+    threading.Thread(target=receive, daemon=True, name="drkernel-receive").start()
+    while (item := ready.get()) is not None:
+        job_id, current = item
+        result = sandbox.finish(current) if isinstance(current, Prepared) else current
         out.write(json.dumps({"job": job_id, "result": result.to_dict()}) + "\n")
         out.flush()
 
@@ -78,7 +57,7 @@ def main(argv: list[str] | None = None) -> None:
     os.dup2(2, 1)  # anything printed by libraries goes to stderr, never into the protocol
     sandbox = Sandbox(device=args.device, gpu=args.gpu, memory_cap_mb=args.memory_cap_mb)
     try:
-        run(sandbox, JobReader(sys.stdin.buffer), out)
+        run(sandbox, sys.stdin.buffer, out)
     finally:
         sandbox.close()
 

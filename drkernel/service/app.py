@@ -105,7 +105,7 @@ def _metrics(dispatcher: Dispatcher) -> APIRouter:
 
 
 def prometheus_text(dispatcher: Dispatcher, counts: dict[str, int], workers: list[dict[str, Any]]) -> str:
-    m = dispatcher.metrics
+    m = dispatcher.metrics.snapshot()
     restarts = sum(int(w.get("restarts") or 0) for w in workers)  # type: ignore[call-overload]
     families = [
         ("drkernel_evaluations", "gauge", "Evaluations in the store, by state.",

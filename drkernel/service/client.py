@@ -27,7 +27,7 @@ class ServiceError(RuntimeError):
         self.status_code, self.message = status_code, message
 
 
-def _item(reference: str, candidate: str, options: dict[str, Any] | None) -> dict[str, Any]:
+def _item(reference: str, candidate: str, options: dict[str, Any] | None = None) -> dict[str, Any]:
     return {"reference": reference, "candidate": candidate, "options": options or {}}
 
 

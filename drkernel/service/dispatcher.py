@@ -82,6 +82,12 @@ class Metrics:
                 self.duration_sum_s += result.duration_s
                 self.duration_count += 1
 
+    def snapshot(self) -> Metrics:
+        """A consistent copy, safe to read while the dispatcher keeps counting."""
+        with self._lock:
+            return Metrics(collections.Counter(self.by_status), self.duration_sum_s, self.duration_count,
+                           self.cache_hits)
+
 
 class Dispatcher:
     def __init__(self, store: Store, backend: Backend, device: str, retention_s: float | None = None) -> None:
@@ -176,10 +182,9 @@ class Dispatcher:
             if hit is not None:
                 self._write([id], hit, ran=False)
                 continue
-            request = self.store.request(id)
             self.store.mark_running(id)
+            future = self.backend.submit(self.store.request(id))
             self._running[key] = id
-            future = self.backend.submit(request)
             future.add_done_callback(lambda f, id=id, key=key: self._events.put(("done", id, key, f)))
 
     def _complete(self, id: str, key: str, future: Future[EvalResult]) -> None:
