@@ -13,11 +13,11 @@ if "$PY" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)'
 else
     "$PY" -m venv "$VENV"
     if ! "$VENV/bin/python" -c 'import torch' 2>/dev/null; then
-        echo "setup: installing CPU torch ${TORCH_VERSION:=2.13.0}"
-        if ! "$VENV/bin/pip" install -q --no-index "torch==$TORCH_VERSION" 2>/dev/null; then
-            # No local wheel: take the CPU build from PyTorch's own index, never the multi-GB CUDA build.
-            "$VENV/bin/pip" install -q "torch==$TORCH_VERSION" --index-url https://download.pytorch.org/whl/cpu
-        fi
+        # The "+cpu" local version exists only as a CPU build: a local wheel (pip's find-links) or PyTorch's own
+        # CPU index. PyPI has none, so this can never pull the multi-GB CUDA build.
+        echo "setup: installing CPU torch ${TORCH_VERSION:=2.13.0}+cpu"
+        "$VENV/bin/pip" install -q "torch==$TORCH_VERSION+cpu" ||
+            "$VENV/bin/pip" install -q "torch==$TORCH_VERSION+cpu" --extra-index-url https://download.pytorch.org/whl/cpu
     fi
 fi
 "$VENV/bin/pip" install -q -e ".[$EXTRAS]"
