@@ -59,7 +59,7 @@ def summary(result: EvalResult) -> dict:
         "cand_wall_ms": result.timing.candidate.wall_median_ms if result.timing and result.timing.candidate else None,
         "coverage": p.coverage if p else None,
         "duration_s": result.duration_s,
-        "error": result.error.message[:300] if result.error else None,
+        "error": result.error.message[:1200] if result.error else None,
         "phases_s": result.phases_s,
     }
 

@@ -101,7 +101,7 @@ class Sandbox:
         """Let a prepared evaluation run; its deadline counts from here."""
         if prepared.failure is None and prepared.started_at is None:
             prepared.started_at = time.monotonic()
-            (prepared.workdir / "go").touch()
+            (prepared.workdir / "go").write_text(repr(time.time()))
 
     def collect(self, prepared: Prepared) -> EvalResult:
         """Wait for a started evaluation and classify how it ended."""
@@ -146,7 +146,9 @@ class Sandbox:
         result_file = workdir / "result.json"
         if outcome == "done" and result_file.exists():
             try:
-                return EvalResult.from_json(result_file.read_text())
+                result = EvalResult.from_json(result_file.read_text())
+                result.phases_s["exit"] = round(time.time() - result_file.stat().st_mtime, 4)  # process teardown
+                return result
             except ValueError as exc:
                 return _crashed("CorruptResult", f"the evaluation wrote an unreadable result: {exc}", workdir)
         if outcome == "timeout":

@@ -55,8 +55,10 @@ def child_main(job: dict[str, Any], zygote_pid: int, inherited_fds: list[int]) -
         while not os.path.exists("go"):
             time.sleep(GO_POLL_S)
         Path("started").touch()  # from here on, a death of the fork server is this evaluation's doing
+        start_latency = time.time() - float(Path("go").read_text() or "nan")
         request = EvalRequest.from_dict(json.loads(Path("request.json").read_text()))
         result = pipeline.evaluate(request, Path(workdir), device)
+        result.phases_s["start_latency"] = round(start_latency, 4)  # from the start signal to the pipeline
         if networked:
             result.notes.append("sandbox: network namespace unavailable here; the candidate had network access")
     except BaseException as exc:  # set-up failed before the candidate ran: the harness's problem, say so
