@@ -99,7 +99,7 @@ def test_timing_summary_and_speedup_interval() -> None:
 def test_cpu_call_timer_times_wall_clock() -> None:
     timer = timing.CallTimer(torch.device("cpu"))
     samples = timing.Samples()
-    out = timer(lambda a: a * 2, [torch.ones(3)], samples)
+    out = timer.enqueue(lambda a: a * 2, [torch.ones(3)], samples)
     assert torch.equal(out, torch.full((3,), 2.0)) and len(samples.wall_ms) == 1 and not samples.event_ms
 
 

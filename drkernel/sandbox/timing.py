@@ -1,7 +1,8 @@
 """Timing of reference and candidate, interleaved in one process on one device.
 
-On CUDA each call is timed with events on the current stream and with a host-synchronized wall clock, after an
-L2 flush; the order of reference and candidate alternates between trials so that drift hits both alike. The
+On CUDA each call is timed with events on the current stream after an L2 flush, enqueued back to back; a few
+host-synchronized calls per side add the wall time until the device is idle, which exposes work hidden on other
+streams. The order of reference and candidate alternates between trials so that drift hits both alike. The
 speedup is the ratio of medians with a bootstrap confidence interval over trials.
 """
 
@@ -22,10 +23,15 @@ L2_FLUSH_BYTES = 256 * 1024 * 1024  # several times the L2 of any current GPU (H
 _perf_counter = time.perf_counter  # the harness's own references: a candidate patching time.* changes nothing here
 
 
+SYNCED_CALLS = 3  # host-synchronized calls per side, to compare events with wall time
+
+
 @dataclass
 class Samples:
-    event_ms: list[float] = field(default_factory=list)  # CUDA only
-    wall_ms: list[float] = field(default_factory=list)
+    event_ms: list[float] = field(default_factory=list)  # CUDA: pipelined calls, GPU time between events
+    wall_ms: list[float] = field(default_factory=list)  # CPU: wall time per call; CUDA: host-synchronized calls
+    synced_event_ms: list[float] = field(default_factory=list)  # CUDA: events of the host-synchronized calls
+    pending: list[tuple[Any, Any]] = field(default_factory=list, repr=False)
 
     @property
     def primary(self) -> list[float]:
@@ -33,36 +39,49 @@ class Samples:
 
 
 class CallTimer:
-    """Times one call; owns the L2 flush buffer and the CUDA events."""
+    """Times calls. On CUDA, timed calls are enqueued back to back, each after an L2 flush, like
+    `triton.testing.do_bench`: the host runs ahead, so launch latency stays out of the GPU time."""
 
     def __init__(self, device: torch.device) -> None:
         self.cuda = device.type == "cuda"
         if self.cuda:
             self._flush = torch.empty(L2_FLUSH_BYTES, dtype=torch.uint8, device=device)
-            self._flush_start = torch.cuda.Event(enable_timing=True)
-            self._start = torch.cuda.Event(enable_timing=True)
-            self._end = torch.cuda.Event(enable_timing=True)
+            self._event = torch.cuda.Event
             self._sync = torch.cuda.synchronize
-            self._elapsed = torch.cuda.Event.elapsed_time
 
-    def __call__(self, fn: Callable[..., Any], args: list[Any], samples: Samples) -> Any:
+    def enqueue(self, fn: Callable[..., Any], args: list[Any], samples: Samples) -> Any:
         if not self.cuda:
             start = _perf_counter()
             out = fn(*args)
             samples.wall_ms.append((_perf_counter() - start) * 1e3)
             return out
+        start, end = self._event(enable_timing=True), self._event(enable_timing=True)
+        self._flush.zero_()
+        start.record()
+        out = fn(*args)
+        end.record()
+        samples.pending.append((start, end))
+        return out
+
+    def collect(self, samples: Samples) -> None:
+        """Wait for the enqueued calls and read their events."""
+        if self.cuda:
+            self._sync()
+            samples.event_ms += [start.elapsed_time(end) for start, end in samples.pending]
+            samples.pending.clear()
+
+    def synced(self, fn: Callable[..., Any], args: list[Any], samples: Samples) -> None:
+        """One call timed both by events and by the host clock until the whole device is idle."""
+        start, end = self._event(enable_timing=True), self._event(enable_timing=True)
+        self._flush.zero_()
         self._sync()
         wall_start = _perf_counter()
-        self._flush_start.record()
-        self._flush.zero_()  # the launch of `fn` is enqueued while the flush runs: launch latency stays hidden
-        self._start.record()
-        out = fn(*args)
-        self._end.record()
+        start.record()
+        fn(*args)
+        end.record()
         self._sync()
-        wall_ms = (_perf_counter() - wall_start) * 1e3 - self._elapsed(self._flush_start, self._start)
-        samples.wall_ms.append(wall_ms)
-        samples.event_ms.append(self._elapsed(self._start, self._end))
-        return out
+        samples.wall_ms.append((_perf_counter() - wall_start) * 1e3)
+        samples.synced_event_ms.append(start.elapsed_time(end))
 
 
 def time_interleaved(
@@ -74,7 +93,8 @@ def time_interleaved(
     warmup: int,
     on_outputs: Callable[[int, Any, Any], None] | None = None,
 ) -> tuple[Samples, Samples]:
-    """Time both sides `trials` times; `on_outputs(trial, ref_out, cand_out)` may inspect chosen trials."""
+    """Time both sides `trials` times, alternating which goes first; `on_outputs(trial, ref_out, cand_out)` may
+    inspect chosen trials. On CUDA, a few host-synchronized calls per side follow."""
     for i in range(warmup):
         args = args_for_trial(-1 - i)
         reference(*args)
@@ -83,14 +103,21 @@ def time_interleaved(
     for trial in range(trials):
         args = args_for_trial(trial)
         if trial % 2 == 0:
-            ref_out = timer(reference, args, ref)
-            cand_out = timer(candidate, args, cand)
+            ref_out = timer.enqueue(reference, args, ref)
+            cand_out = timer.enqueue(candidate, args, cand)
         else:
-            cand_out = timer(candidate, args, cand)
-            ref_out = timer(reference, args, ref)
+            cand_out = timer.enqueue(candidate, args, cand)
+            ref_out = timer.enqueue(reference, args, ref)
         if on_outputs is not None:
             on_outputs(trial, ref_out, cand_out)
         del ref_out, cand_out
+    timer.collect(ref)
+    timer.collect(cand)
+    if timer.cuda:
+        args = args_for_trial(0)
+        for _ in range(SYNCED_CALLS):
+            timer.synced(reference, args, ref)
+            timer.synced(candidate, args, cand)
     return ref, cand
 
 
