@@ -101,7 +101,9 @@ class Sandbox:
         """Let a prepared evaluation run; its deadline counts from here."""
         if prepared.failure is None and prepared.started_at is None:
             prepared.started_at = time.monotonic()
-            (prepared.workdir / "go").write_text(repr(time.time()))
+            signal_file = prepared.workdir / "go.tmp"  # renamed into place: the child never reads a half-written "go"
+            signal_file.write_text(repr(time.time()))
+            signal_file.rename(prepared.workdir / "go")
 
     def collect(self, prepared: Prepared) -> EvalResult:
         """Wait for a started evaluation and classify how it ended."""

@@ -79,7 +79,9 @@ class LaunchRecorder:
             filename=filename,
             grid=_resolve_grid(kernel_fn, grid, args, kwargs),
             own=filename in self.own_files,
-            tensor_args=[a for a in list(args) + list(kwargs.values()) if isinstance(a, torch.Tensor)],
+            # Kept only while a hook needs them: holding every launch's tensors would pin every output in memory.
+            tensor_args=[a for a in list(args) + list(kwargs.values()) if isinstance(a, torch.Tensor)]
+            if self.after_launch is not None else [],
         )
         with self._lock:
             self.launches.append(launch)

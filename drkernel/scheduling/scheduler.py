@@ -1,6 +1,6 @@
 """The embedded scheduler: a queue in front of one worker process per GPU (or N CPU workers).
 
-One evaluation per GPU at a time keeps timings clean; each worker holds a second job whose process starts while
+One evaluation per GPU at a time keeps timings clean; each worker holds the next jobs, whose processes start while
 the first runs. A worker that dies (killed, crashed outside any evaluation) takes nothing with it: its jobs go
 back to the front of the queue and run again, up to `max_attempts`. A candidate's own failure is a result, never
 retried. No server, no ports, no extra processes beyond the workers.
@@ -24,7 +24,7 @@ from typing import IO, Callable, Iterable, Iterator, Protocol
 from drkernel.runner.sandbox import host_memory_mb
 from drkernel.schema import ErrorInfo, EvalRequest, EvalResult, Status
 
-JOBS_PER_WORKER = 2  # the running one and the one being prepared
+JOBS_PER_WORKER = 3  # the running one and two being prepared (CUDA and profiler start-up take a few seconds)
 START_ALLOWANCE_S = 120.0  # beyond a job's own timeout: process start, CUDA initialisation, the job before it
 
 
