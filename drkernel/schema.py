@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import json
+import math
 import typing
 from dataclasses import dataclass, field
 from typing import Any
@@ -124,7 +125,7 @@ class EvalResult:
     phases_s: dict[str, float] = field(default_factory=dict)  # where the time went: load, build, correctness, ...
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        return _finite(dataclasses.asdict(self))
 
     def to_json(self, **kwargs: Any) -> str:
         return json.dumps(self.to_dict(), allow_nan=False, **kwargs)
@@ -211,6 +212,17 @@ class EvalRequest:
             options=EvalOptions.from_dict(data.get("options")),
             task_name=data.get("task_name", ""),
         )
+
+
+def _finite(value: Any) -> Any:
+    """JSON has no NaN or infinity: such numbers (a NaN a candidate produced, say) become null."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_finite(v) for v in value]
+    return value
 
 
 def _build(cls: type, data: Any) -> Any:

@@ -22,7 +22,7 @@ TIMEOUT_S = 8.0 if DEVICE == "cpu" else 20.0
 SLACK_S = 5.0  # "within the timeout plus a few seconds"
 
 BODY = """
-import os, sys, signal, ctypes, torch, torch.nn as nn
+import os, sys, signal, ctypes, threading, torch, torch.nn as nn
 class ModelNew(nn.Module):
     def forward(self, a, b):
 {body}
@@ -40,8 +40,12 @@ CASES = {
     # huge address ranges) the supervisor's resident-memory watchdog kills the process instead.
     "memory_bomb": (BODY.format(body="        x = [bytearray(1 << 26) for _ in range(10**6)]"),
                     *(("runtime_error", "MemoryError") if DEVICE == "cpu" else ("crashed", "MemoryLimit"))),
-    "kill_parent": (BODY.format(body="        os.kill(os.getppid(), signal.SIGKILL)"), "crashed", "KilledHarness"),
-    "kill_group": (BODY.format(body="        os.killpg(0, signal.SIGKILL)"), "crashed", "Signal"),
+    "fault": (BODY.format(body="        import faulthandler; faulthandler._sigsegv()"), "crashed", "Signal"),
+    # Signals from the candidate's code are refused (and recorded as a hack) before they are sent.
+    "kill_parent": (BODY.format(body="        os.kill(os.getppid(), signal.SIGKILL)"), "hacked", "PermissionError"),
+    "kill_group": (BODY.format(body="        os.killpg(0, signal.SIGKILL)"), "hacked", "PermissionError"),
+    "kill_self": (BODY.format(body="        signal.pthread_kill(threading.main_thread().ident, signal.SIGKILL)"),
+                  "crashed", "Signal"),
     "syntax_error": ("class ModelNew(nn.Module)\n    pass\n", "compile_error", "SyntaxError"),
     "import_error": ("import not_a_module_anywhere\n", "compile_error", "ModuleNotFoundError"),
     "no_modelnew": ("import torch\nclass Other(torch.nn.Module):\n    pass\n", "invalid", "NoModelNew"),
@@ -108,10 +112,10 @@ def test_candidate_sees_no_secrets_no_network_and_a_private_directory(sandbox: S
     finally:
         box.close()
     assert result.error is not None, result.to_json(indent=1)
-    message = result.error.message
-    assert message.startswith("network:"), message  # no leak, cwd private
-    if not any("network namespace unavailable" in n for n in result.notes):
-        assert message == "network: OSError"  # an empty namespace: even loopback is down (ENETUNREACH)
+    # No leak, a private cwd, and the connection refused by the audit hook before the (empty) network namespace
+    # would have refused it.
+    assert result.error.message == "network: PermissionError", result.error.message
+    assert "sandbox_violation" in result.hack_reasons
 
 
 def test_cli_json_gives_one_object_and_survives(tmp_path: Path) -> None:

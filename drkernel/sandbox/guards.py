@@ -13,15 +13,17 @@ import sys
 import threading
 import time
 import types
+import weakref
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
 import numpy as np
 import torch
+import torch._dynamo  # noqa: F401  (wraps torch functions such as manual_seed when first imported: before snapshots)
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from drkernel.sandbox import procfs
+from drkernel.sandbox import audit, procfs
 
 # Reason codes, one per exploit class.
 NO_TRITON_KERNEL = "no_triton_kernel"
@@ -43,6 +45,7 @@ SIDE_STREAM = "side_stream_timing"
 EXIT_CALLED = "exit_called"
 IMPOSSIBLE_SPEED = "impossible_speed"
 KILLED_HARNESS = "killed_harness"
+SANDBOX_VIOLATION = "sandbox_violation"
 # Codes that already come with a failing status of their own (runtime_error, crashed): they explain, not convict.
 FAILURE_CODES = frozenset({EXIT_CALLED, KILLED_HARNESS})
 
@@ -91,63 +94,67 @@ def _flags() -> dict[str, Any]:
     return flags
 
 
-def _watched_namespaces(extra: Iterable[types.ModuleType]) -> dict[str, Any]:
+def _library_namespaces() -> list[Any]:
+    """Modules and classes whose public functions the harness and the reference call."""
     import triton
     import triton.testing
 
-    spaces: dict[str, Any] = {
-        "builtins": builtins,
-        "time": time,
-        "math": math,
-        "os": os,
-        "sys": sys,
-        "numpy": np,
-        "torch": torch,
-        "torch.Tensor": torch.Tensor,
-        "torch.nn.Module": torch.nn.Module,
-        "torch.nn.functional": torch.nn.functional,
-        "torch.cuda": torch.cuda,
-        "torch.testing": torch.testing,
-        "triton": triton,
-        "triton.testing": triton.testing,
-    }
+    return [builtins, time, math, os, sys, np, torch, torch.nn.functional, torch.cuda, torch.testing, triton,
+            triton.testing]
+
+
+def _watched_classes(extra: Iterable[type]) -> set[type]:
+    classes = {torch.Tensor, torch.nn.Module, torch.nn.Parameter}
     if hasattr(torch.cuda, "Event"):
-        spaces["torch.cuda.Event"] = torch.cuda.Event
-    for module in extra:
-        spaces[module.__name__] = module
-    return spaces
+        classes.add(torch.cuda.Event)
+    for cls in extra:
+        classes.update(c for c in cls.__mro__ if c is not object)
+    return classes
 
 
 class StateGuard:
-    """Snapshot of functions the harness and the reference rely on, and of global numerics flags.
+    """Snapshot of what the evaluation relies on, taken before the candidate is imported; `check` reports changes.
 
-    Taken before the candidate is imported; `check` reports what changed since.
+    - public functions of the libraries (private state there changes legitimately, e.g. lazy initialisation);
+    - every attribute of the watched classes (torch.Tensor, nn.Module, the reference model's classes), new ones
+      included: a method added to a subclass shadows the inherited one;
+    - every name of the harness's own modules and the reference module, with the contents of their tables;
+    - global numerics flags.
     """
 
-    def __init__(self, harness_modules: Iterable[types.ModuleType]) -> None:
-        self._spaces = _watched_namespaces(harness_modules)
-        self._ids = {name: _callables(space) for name, space in self._spaces.items()}
+    def __init__(self, harness_modules: Iterable[types.ModuleType], classes: Iterable[type] = ()) -> None:
+        self._libraries = {space: _callables(space) for space in _library_namespaces()}
+        harness_modules = list(harness_modules)
+        own_classes = {v for m in harness_modules for v in vars(m).values()
+                       if _isinstance(v, type) and v.__module__ == m.__name__}
+        self._classes = {cls: dict(vars(cls)) for cls in _watched_classes(set(classes) | own_classes)}
+        self._harness = {module: _contents(module) for module in harness_modules}
         self._flags = _flags()
 
-    def check(self, findings: Findings) -> None:
-        patched = []
-        for name, space in self._spaces.items():
-            current = vars(space)
-            for key, ident in self._ids[name].items():
-                value = current.get(key, _MISSING)
-                if value is _MISSING or _id(value) != ident:
-                    patched.append(f"{name}.{key}")
+    def check(self, findings: Findings, _add: Any = Findings.add) -> None:
+        """`_add` is bound now: a patched Findings.add cannot silence this report."""
+        patched = [f"{_name(space)}.{key}" for space, ids in self._libraries.items()
+                   for key, ident in ids.items() if _id(vars(space).get(key, _MISSING)) != ident]
+        for cls, before in self._classes.items():
+            now = vars(cls)
+            patched += [f"{cls.__qualname__}.{key}" for key in set(before) | set(now)
+                        if now.get(key, _MISSING) is not before.get(key, _MISSING)]
+        for module, before in self._harness.items():
+            now = _contents(module)
+            patched += [f"{module.__name__}.{key}" for key in before if now.get(key) != before[key]]
         if patched:
-            findings.add(
+            _add(
+                findings,
                 PATCHED_HARNESS,
-                "The candidate replaced functions the evaluation relies on "
-                f"({', '.join(patched[:6])}{' ...' if len(patched) > 6 else ''}). "
-                "Kernels must not patch torch, time, builtins or the harness.",
+                "The candidate replaced or changed what the evaluation relies on "
+                f"({', '.join(sorted(patched)[:6])}{' ...' if len(patched) > 6 else ''}). "
+                "Kernels must not patch torch, time, builtins, the reference or the harness.",
             )
         flags = _flags()
         changed = [k for k, v in self._flags.items() if flags.get(k) != v]
         if changed:
-            findings.add(
+            _add(
+                findings,
                 GLOBAL_FLAGS,
                 f"The candidate changed global settings ({', '.join(changed)}). Such settings also change the "
                 "reference's numerics and speed; leave them as they are.",
@@ -155,6 +162,19 @@ class StateGuard:
 
 
 _MISSING = object()
+
+
+def _name(space: Any) -> str:
+    return getattr(space, "__name__", repr(space))
+
+
+def _contents(module: types.ModuleType) -> dict[str, tuple[int, str | None]]:
+    """Every name of a module: its identity, and for tables (dicts, lists, sets, tuples) their contents."""
+    return {
+        key: (_id(value), repr(value) if _isinstance(value, (dict, list, set, frozenset, tuple)) else None)
+        for key, value in list(vars(module).items())
+        if key not in ("__builtins__", "__cached__", "__loader__", "__spec__")
+    }
 
 
 def _callables(space: Any) -> dict[str, int]:
@@ -171,20 +191,24 @@ def _callables(space: Any) -> dict[str, int]:
 
 
 class ReferenceTripwire:
-    """Counts calls of the reference's Model.forward made while the candidate runs, however it found the class."""
+    """Counts constructions and forward calls of the reference's Model made while the candidate runs, however it
+    found the class (sys.modules, gc, frames)."""
 
     def __init__(self, model_class: type) -> None:
         self.candidate_running = False
         self.calls = 0
-        original = model_class.forward
+        for name in ("__init__", "forward"):
+            setattr(model_class, name, self._wrap(getattr(model_class, name)))
+
+    def _wrap(self, original: Any) -> Any:
         tripwire = self
 
-        def forward(module: Any, *args: Any, **kwargs: Any) -> Any:
+        def method(module: Any, *args: Any, **kwargs: Any) -> Any:
             if tripwire.candidate_running:
                 tripwire.calls += 1
             return original(module, *args, **kwargs)
 
-        model_class.forward = forward
+        return method
 
 
 NON_COMPUTE_OPS = frozenset(
@@ -217,18 +241,22 @@ class TorchOpRecorder(TorchDispatchMode):
 # i. Work left running after forward returns
 
 
-def candidate_threads(own_files: set[str]) -> list[str]:
-    """Live threads whose code comes from the candidate's source."""
-    found = []
-    for thread in threading.enumerate():
-        target = _getattr(thread, "_target", None)
-        run = _type(thread).run
-        for fn in (target, run):
-            code = _getattr(fn, "__code__", None)
-            if code is not None and code.co_filename in own_files and thread.is_alive():
-                found.append(thread.name)
-                break
-    return found
+class ThreadOrigins:
+    """Remembers the threads whose start the candidate's code asked for, directly or through a thread pool."""
+
+    def __init__(self, candidate_file: str) -> None:
+        self.threads: weakref.WeakSet[threading.Thread] = weakref.WeakSet()
+        original, origins = threading.Thread.start, self
+
+        def start(thread: threading.Thread) -> None:
+            if audit.called_from(candidate_file, sys._getframe(1)):
+                origins.threads.add(thread)
+            original(thread)
+
+        threading.Thread.start = start  # type: ignore[method-assign]
+
+    def alive(self) -> list[str]:
+        return sorted(t.name for t in list(self.threads) if t.is_alive())
 
 
 def child_processes() -> set[int]:
@@ -273,10 +301,12 @@ def fake_outputs(outputs: list[Any]) -> list[str]:
     ]
 
 
-def poison(values: Iterable[Any]) -> None:
+def poison(values: Iterable[Any], integers: bool = True) -> None:
     """Overwrite tensors the harness is done with, so a later allocation cannot find their values."""
     for value in values:
-        if _isinstance(value, torch.Tensor) and value.numel() > 0 and not value.requires_grad:
+        if not _isinstance(value, torch.Tensor) or (not integers and not value.dtype.is_floating_point):
+            continue
+        if value.numel() > 0 and not value.requires_grad:
             try:
                 value.fill_(float("nan") if value.dtype.is_floating_point else -7)
             except RuntimeError:  # read-only or overlapping views

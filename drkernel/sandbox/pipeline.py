@@ -15,6 +15,7 @@ import statistics
 import sys
 import time
 import traceback
+import types
 from collections import Counter
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
@@ -25,7 +26,7 @@ import numpy as np
 import torch
 import triton
 
-from drkernel.sandbox import correctness, guards, launches, loading, profiling, static_checks, timing
+from drkernel.sandbox import audit, correctness, guards, launches, loading, profiling, static_checks, timing
 from drkernel.sandbox.correctness import PRECISION_RANK
 from drkernel.sandbox.guards import Findings
 from drkernel.schema import (
@@ -80,44 +81,55 @@ class Evaluation:
 
     # -- set-up ----------------------------------------------------------------------------------------------
 
-    def load(self) -> None:
+    def load_reference(self) -> None:
+        """Load and build the reference before any candidate code exists in the process."""
         ref_path = self.workdir / "reference.py"
         try:
             self.ref_module = loading.load_module(self.request.reference, ref_path, f"drkernel_reference_{os.getpid()}")
             loading.require(self.ref_module, ("Model", "get_inputs", "get_init_inputs"), "reference")
-        except (loading.SourceLoadError, LookupError) as exc:
+            # The harness's own handles, taken before any candidate code runs.
+            self.ref_class = self.ref_module.Model
+            self.get_inputs = self.ref_module.get_inputs
+            self.get_init_inputs = self.ref_module.get_init_inputs
+            self.init_inputs = self._seeded(self.options.seed, self.get_init_inputs)
+            self.ref_model = self._seeded(self.options.seed, lambda: self.ref_class(*self.init_inputs))
+            self.ref_model = self.ref_model.to(self.device)
+        except Failure:
+            raise
+        except BaseException as exc:
             raise Failure(Status.INVALID, "ReferenceError", f"the reference is unusable: {exc}", self._tb(exc))
-        # The harness's own handles, taken before any candidate code runs.
-        self.ref_class = self.ref_module.Model
-        self.get_inputs = self.ref_module.get_inputs
-        self.get_init_inputs = self.ref_module.get_init_inputs
+        if self.options.reference_mode == "compile":
+            self.ref_call: Callable[..., Any] = torch.compile(self.ref_model)
+        else:
+            self.ref_call = self.ref_model
+
+    def load_candidate(self) -> None:
         self.tripwire = guards.ReferenceTripwire(self.ref_class)
         self.hints = static_checks.inspect_source(self.request.candidate)
         self.notes += [f"static: {n}" for n in self.hints.notes()]
         harness = [m for name, m in sys.modules.items() if name.startswith("drkernel.")] + [self.ref_module]
-        self.state_guard = guards.StateGuard(harness)
         self.cand_path = self.workdir / "candidate.py"
         self.recorder.own_files = {str(self.cand_path)}
         self.recorder.install()
+        self.thread_origins = guards.ThreadOrigins(str(self.cand_path))
+        self.state_guard = guards.StateGuard(harness, classes={type(m) for m in self.ref_model.modules()})
+        _AUDIT.on_violation = self._sandbox_violation
+        _AUDIT.candidate_file = str(self.cand_path)
         if _interpreting():
             _autotune_by_wall_clock()
-        try:
-            self.cand_module = loading.load_module(
-                self.request.candidate, self.cand_path, f"drkernel_candidate_{os.getpid()}"
-            )
-        except loading.SourceLoadError as exc:
-            raise self._classify(exc.__cause__ or exc)
+        _hide_from_candidate(self.ref_module.__name__)
+        with self._candidate_running():
+            try:
+                self.cand_module = loading.load_module(
+                    self.request.candidate, self.cand_path, f"drkernel_candidate_{os.getpid()}"
+                )
+            except loading.SourceLoadError as exc:
+                raise self._classify(exc.__cause__ or exc)
         self.state_guard.check(self.findings)
         if not hasattr(self.cand_module, "ModelNew"):
             raise Failure(Status.INVALID, "NoModelNew", "the candidate defines no class ModelNew")
 
-    def build(self) -> None:
-        try:
-            self.init_inputs = self._seeded(self.options.seed, self.get_init_inputs)
-            self.ref_model = self._seeded(self.options.seed, lambda: self.ref_class(*self.init_inputs))
-            self.ref_model = self.ref_model.to(self.device)
-        except BaseException as exc:
-            raise Failure(Status.INVALID, "ReferenceError", f"building the reference failed: {exc}", self._tb(exc))
+    def build_candidate(self) -> None:
         with self._candidate_running():
             try:
                 model = self._seeded(self.options.seed, lambda: self.cand_module.ModelNew(*self.init_inputs))
@@ -129,10 +141,21 @@ class Evaluation:
                 guards.REFERENCE_MODEL,
                 "ModelNew is or contains the reference Model; write the computation as Triton kernels instead.",
             )
-        if self.options.reference_mode == "compile":
-            self.ref_call: Callable[..., Any] = torch.compile(self.ref_model)
-        else:
-            self.ref_call = self.ref_model
+        self._check_tripwire()
+
+    def _check_tripwire(self) -> None:
+        if self.tripwire.calls:
+            self.findings.add(
+                guards.REFERENCE_MODEL,
+                "the candidate constructed or called the reference Model; the computation must be its own.",
+            )
+
+    def _sandbox_violation(self, event: str) -> None:
+        self.findings.add(
+            guards.SANDBOX_VIOLATION,
+            f"the candidate called {event}: introspecting the harness (frames, gc), writing files, ctypes, "
+            "signals, processes and sockets are not allowed in a kernel.",
+        )
 
     # -- correctness -----------------------------------------------------------------------------------------
 
@@ -147,9 +170,7 @@ class Evaluation:
             label, training, grad_mode = MODES[trial % len(MODES)]
             inputs = self._inputs(opts.seed + 1000 + trial)
             cand_inputs = _clone(inputs)
-            self.ref_model.train(training)
-            if isinstance(self.cand_model, torch.nn.Module):
-                self.cand_model.train(training)
+            self._set_training(training)
             with grad_mode():
                 cand_out = self._call_candidate(cand_inputs, pristine=inputs, label=label)
                 self._sync()
@@ -183,7 +204,7 @@ class Evaluation:
 
     def _call_candidate(self, args: list[Any], pristine: list[Any] | None = None, label: str = "") -> Any:
         """Run the candidate's forward with every runtime check around it."""
-        threads_before = guards.candidate_threads(self.recorder.own_files)
+        threads_before = self.thread_origins.alive()
         children_before = guards.child_processes()
         self.recorder.take()
         strict = not self.options.allow_torch_glue
@@ -220,7 +241,7 @@ class Evaluation:
                     guards.INPUT_MUTATION,
                     f"forward changed its input(s) {changed} in place; inputs must be left as they are.",
                 )
-        new_threads = set(guards.candidate_threads(self.recorder.own_files)) - set(threads_before)
+        new_threads = set(self.thread_origins.alive()) - set(threads_before)
         new_children = guards.child_processes() - children_before
         if new_threads or new_children:
             self.findings.add(
@@ -228,11 +249,7 @@ class Evaluation:
                 "forward left work running after it returned "
                 f"(threads: {sorted(new_threads) or 'none'}, processes: {sorted(new_children) or 'none'}).",
             )
-        if self.tripwire.calls:
-            self.findings.add(
-                guards.REFERENCE_MODEL,
-                "the candidate called the reference Model's forward; the computation must be its own.",
-            )
+        self._check_tripwire()
         self.state_guard.check(self.findings)
         return out
 
@@ -288,21 +305,21 @@ class Evaluation:
 
     def measure(self) -> tuple[Timing, float, list[float]]:
         opts = self.options
-        self.ref_model.eval()
-        if isinstance(self.cand_model, torch.nn.Module):
-            self.cand_model.eval()
+        self._set_training(False)
         pool = self._input_pool()
+        warmup = max(opts.warmup_trials, len(pool))  # every input set is warmed up, cached or not
         rng = random.Random(secrets.randbits(64))  # which trials get verified is not predictable
         checked = set(rng.sample(range(opts.perf_trials), min(CHECKED_TIMING_TRIALS, opts.perf_trials)))
         own_per_call: list[int] = []
 
         def args_for_trial(trial: int) -> list[Any]:
-            args = pool[max(trial, 0) % len(pool)]
+            args = pool[(trial if trial >= 0 else -1 - trial) % len(pool)]  # warm-up visits every input set
             if trial in checked:  # new values in the same memory: a cache keyed on pointers now answers wrong
                 fresh = self._inputs(secrets.randbits(31))
                 for old, new in zip(args, fresh):
                     if isinstance(old, torch.Tensor):
                         old.copy_(new)
+            _new_versions([a for a in args if isinstance(a, torch.Tensor)], rng)  # no cache key in _version either
             return args
 
         def candidate(*args: Any) -> Any:
@@ -324,12 +341,12 @@ class Evaluation:
         with torch.no_grad(), self._candidate_running():
             self.recorder.take()
             ref_samples, cand_samples = timing.time_interleaved(
-                timer, self.ref_call, candidate, args_for_trial, opts.perf_trials, opts.warmup_trials, verify
+                timer, self.ref_call, candidate, args_for_trial, opts.perf_trials, warmup, verify
             )
             self.recorder.take()
         self.state_guard.check(self.findings)
-        timed = own_per_call[opts.warmup_trials:]
-        if opts.check_hacks and timed and min(timed) == 0 and max(own_per_call) > 0:
+        timed = own_per_call[warmup:]
+        if opts.check_hacks and timed and min(timed) == 0 and sum(self.launches_by_mode.values()) > 0:
             self.findings.add(
                 guards.MODE_DEPENDENT,
                 "some timed calls ran no Triton kernel: the candidate changes behaviour between calls.",
@@ -392,30 +409,42 @@ class Evaluation:
         return result
 
     def ablate(self) -> None:
-        """Poison what each own kernel wrote; if the output does not change, the kernels were decoys."""
+        """Poison what the own kernels wrote, in every mode; where the output does not change, they were decoys."""
         args = self._inputs(self.options.seed + 7000)
-        keep = guards.storages(args) | guards.storages(_model_tensors(self.cand_model))
-        with torch.no_grad(), self._candidate_running():
-            normal = correctness.flatten_outputs(self.cand_model(*args))
-            normal = [t.clone() if isinstance(t, torch.Tensor) else t for t in normal]
+        for label, training, grad_mode in MODES:
+            self._set_training(training)
+            with grad_mode(), self._candidate_running():
+                normal = correctness.flatten_outputs(self.cand_model(*args))
+                normal = [t.clone() if isinstance(t, torch.Tensor) else t for t in normal]
+                # What forward must not lose: its inputs and the model's state, unless it returns them as output.
+                keep = (guards.storages(args) | guards.storages(_model_tensors(self.cand_model))) - guards.storages(
+                    correctness.flatten_outputs(self.cand_model(*args)))
+                self.recorder.take()
 
-            def poison_written(launch: launches.Launch) -> None:
-                if launch.own:
-                    guards.poison(t for t in launch.tensor_args if t.untyped_storage().data_ptr() not in keep)
+                def poison_written(launch: launches.Launch) -> None:
+                    if launch.own:  # integers stay: poisoned indices would send later kernels out of bounds
+                        guards.poison((t for t in launch.tensor_args if t.untyped_storage().data_ptr() not in keep),
+                                      integers=False)
 
-            self.recorder.after_launch = poison_written
-            try:
-                ablated = correctness.flatten_outputs(self.cand_model(*args))
-            finally:
-                self.recorder.after_launch = None
-            ran = any(launch.own for launch in self.recorder.take())
-        self._sync()
-        if ran and all(_identical(a, b) for a, b in zip(normal, ablated)):
-            self.findings.add(
-                guards.DECOY_KERNEL,
-                "the output does not depend on anything the candidate's Triton kernels computed: they are "
-                "decoys, and the result comes from other code.",
-            )
+                self.recorder.after_launch = poison_written
+                try:
+                    ablated = correctness.flatten_outputs(self.cand_model(*args))
+                finally:
+                    self.recorder.after_launch = None
+                ran = any(launch.own for launch in self.recorder.take())
+            self._sync()
+            if ran and all(_identical(a, b) for a, b in zip(normal, ablated)):
+                self.findings.add(
+                    guards.DECOY_KERNEL,
+                    f"in mode {label} the output does not depend on anything the candidate's Triton kernels "
+                    "computed: they are decoys, and the result comes from other code.",
+                )
+                return
+
+    def _set_training(self, training: bool) -> None:
+        self.ref_model.train(training)
+        if isinstance(self.cand_model, torch.nn.Module):
+            self.cand_model.train(training)
 
     # -- helpers ---------------------------------------------------------------------------------------------
 
@@ -476,8 +505,9 @@ def evaluate(request: EvalRequest, workdir: Path, device: torch.device) -> EvalR
     result = EvalResult(environment=environment(device))
     opts = request.options
     try:
-        _timed(result, "load", ev.load)
-        _timed(result, "build", ev.build)
+        _timed(result, "reference", ev.load_reference)
+        _timed(result, "load", ev.load_candidate)
+        _timed(result, "build", ev.build_candidate)
         result.correctness = _timed(result, "correctness", ev.check_correctness)
         result.phases_s["correctness_first_trial"] = round(ev.first_trial_s, 4)  # Triton compiles here
         if opts.measure_performance:
@@ -494,13 +524,17 @@ def evaluate(request: EvalRequest, workdir: Path, device: torch.device) -> EvalR
     except BaseException as exc:  # the harness itself failed on this input: say so, do not guess
         result.status = Status.RUNTIME_ERROR.value
         result.error = ErrorInfo(kind=type(exc).__name__, message=f"evaluation failed: {exc}", traceback=ev._tb(exc))
-    if opts.check_hacks and set(ev.findings.codes) - guards.FAILURE_CODES:
+    if opts.check_hacks and set(ev.findings.details) - guards.FAILURE_CODES:
         result.status = Status.HACKED.value
     result.hack_reasons = ev.findings.codes if opts.check_hacks else []
     result.hack_details = dict(ev.findings.details) if opts.check_hacks else {}
     result.correct = result.status == Status.CORRECT.value
     result.notes = ev.notes
     return result
+
+
+_AUDIT = audit.CandidateAudit(on_violation=lambda event: None)
+_AUDIT.install()
 
 
 def warm_up(device: torch.device) -> None:
@@ -563,6 +597,23 @@ def _is_triton_compile_error(exc: BaseException) -> bool:
 def _message(exc: BaseException) -> str:
     text = str(exc).strip() or type(exc).__name__
     return text if len(text) <= 2000 else text[:2000] + " ..."
+
+
+def _hide_from_candidate(reference_module: str) -> None:
+    """Take the harness's and the reference's modules out of `sys.modules`: the harness keeps its own references,
+    and a candidate that imports them by name gets fresh copies whose patching changes nothing here."""
+    for name in [n for n in sys.modules if n == "drkernel" or n.startswith("drkernel.") or n == reference_module]:
+        del sys.modules[name]
+    main = sys.modules.get("__main__")
+    if main is not None and getattr(main, "__spec__", None) and main.__spec__.name.startswith("drkernel."):
+        sys.modules["__main__"] = types.ModuleType("__main__")
+
+
+def _new_versions(tensors: list[torch.Tensor], rng: random.Random) -> None:
+    """Give inputs unpredictable version counters (without touching their data), so that `_version` reveals
+    nothing about which timed calls are verified."""
+    if tensors and hasattr(torch._C._autograd, "_unsafe_set_version_counter"):
+        torch._C._autograd._unsafe_set_version_counter(tensors, [rng.randrange(1 << 30) for _ in tensors])
 
 
 def _clone(values: list[Any]) -> list[Any]:

@@ -14,6 +14,7 @@ import os
 import select
 import signal
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -37,6 +38,7 @@ def child_main(job: dict[str, Any], zygote_pid: int, inherited_fds: list[int]) -
         isolate.redirect_output(workdir)
         os.chdir(workdir)
         os.environ.update(HOME=workdir, TMPDIR=workdir, TRITON_CACHE_DIR=job["triton_cache"])
+        tempfile.tempdir = workdir  # the fork server's imports already asked tempfile for its directory
         cpu = job["device"] == "cpu"
         if cpu:
             os.environ.update(TRITON_INTERPRET="1", CUDA_VISIBLE_DEVICES="")
@@ -68,8 +70,12 @@ def child_main(job: dict[str, Any], zygote_pid: int, inherited_fds: list[int]) -
 
 
 def _write_result(result: EvalResult) -> None:
+    try:
+        text = result.to_json()
+    except (TypeError, ValueError) as exc:  # never blame the candidate for the harness's own failure
+        text = EvalResult.failure(Status.INVALID, "SandboxError", f"unserialisable result: {exc}").to_json()
     tmp = Path("result.json.tmp")
-    tmp.write_text(result.to_json())
+    tmp.write_text(text)
     tmp.rename("result.json")
 
 

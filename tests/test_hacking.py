@@ -1,0 +1,166 @@
+"""Red-team suite: reward-hacking candidates must not pass, legitimate kernels must.
+
+Every file in tests/exploits/ and tests/legit/ is a candidate whose header says what the evaluator must answer:
+
+    # expected: <status>          (hacked, runtime_error, crashed, incorrect, correct, ...)
+    # task: <task stem>           (examples/tasks/<stem>.py or tests/exploits/tasks/<stem>.py)
+    # reason: <reason code>       (exploits only: a drkernel.sandbox.guards code, or `any`)
+    # options: {"key": value}     (optional: EvalOptions overrides for this candidate)
+    # needs: cuda                 (optional: skipped without a GPU)
+    # gap: <why>                  (optional: a known hole, expected to fail until it is closed)
+
+Each candidate is evaluated through `drkernel.evaluate` in its own sandboxed process. The evaluations of the
+selected tests are started together on a small thread pool when the first test asks for its result, so the whole
+file takes about as long as (number of candidates x a few seconds) / (CPU cores).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+import drkernel
+from drkernel.feedback import render
+from drkernel.sandbox import guards
+from drkernel.schema import EvalResult, Status
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+EXPLOITS = sorted((HERE / "exploits").glob("*.py"))
+LEGIT = sorted((HERE / "legit").glob("*.py"))
+TASK_DIRS = (REPO / "examples" / "tasks", HERE / "exploits" / "tasks")
+# Fast on the CPU: few timed calls, one warm-up; a candidate's header may override any of these.
+FAST = {"perf_trials": 3, "warmup_trials": 1, "timeout_s": 60}
+WORKERS = max(2, min(4, os.cpu_count() or 2))
+REASON_CODES = {value for name, value in vars(guards).items() if name.isupper() and isinstance(value, str)}
+
+
+def header(path: Path) -> dict[str, str]:
+    fields: dict[str, str] = {}
+    for line in path.read_text().splitlines()[:8]:
+        match = re.match(r"#\s*(expected|task|reason|options|needs|gap):\s*(.*?)\s*$", line)
+        if match:
+            fields[match.group(1)] = match.group(2)
+    return fields
+
+
+def task_source(stem: str) -> str:
+    for folder in TASK_DIRS:
+        path = folder / f"{stem}.py"
+        if path.is_file():
+            return path.read_text()
+    raise FileNotFoundError(f"no task {stem!r} in {', '.join(str(d) for d in TASK_DIRS)}")
+
+
+def cuda_available() -> bool:
+    try:
+        import torch
+
+        return torch.cuda.is_available()
+    except Exception:  # pragma: no cover
+        return False
+
+
+def runnable(path: Path) -> bool:
+    return header(path).get("needs") != "cuda" or cuda_available()
+
+
+def evaluate_file(path: Path) -> EvalResult:
+    fields = header(path)
+    options = {**FAST, **json.loads(fields.get("options") or "{}")}
+    return drkernel.evaluate(task_source(fields["task"]), path.read_text(), **options)
+
+
+def describe(result: EvalResult) -> str:
+    error = f"{result.error.kind}: {result.error.message[:400]}" if result.error else None
+    return (
+        f"status={result.status} hack_reasons={result.hack_reasons} error={error} speedup={result.speedup} "
+        f"notes={result.notes}\n--- feedback ---\n{render(result)}"
+    )
+
+
+@pytest.fixture(scope="module")
+def results(request: pytest.FixtureRequest) -> Iterator[dict[Path, Future[EvalResult]]]:
+    """Futures of the evaluations of every selected test of this module, started at once."""
+    wanted: list[Path] = []
+    for item in request.session.items:
+        path = getattr(getattr(item, "callspec", None), "params", {}).get("path")
+        if getattr(item, "module", None) is request.module and isinstance(path, Path) and runnable(path):
+            if path not in wanted:
+                wanted.append(path)
+    pool = ThreadPoolExecutor(WORKERS, thread_name_prefix="drkernel-eval")
+    futures = {path: pool.submit(evaluate_file, path) for path in wanted}
+    yield futures
+    pool.shutdown(wait=True, cancel_futures=True)
+
+
+def result_for(results: dict[Path, Future[EvalResult]], path: Path) -> EvalResult:
+    if path not in results:  # not pre-selected (e.g. collected in an unusual way): evaluate now
+        return evaluate_file(path)
+    return results[path].result()
+
+
+def _ids(paths: list[Path]) -> list[str]:
+    return [p.stem for p in paths]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("path", EXPLOITS + LEGIT, ids=_ids(EXPLOITS + LEGIT))
+def test_header_is_well_formed(path: Path) -> None:
+    fields = header(path)
+    assert fields.get("expected") in {s.value for s in Status}, f"{path.name}: bad or missing '# expected:'"
+    task_source(fields.get("task", ""))
+    if path in EXPLOITS:
+        assert fields.get("reason") == "any" or fields.get("reason") in REASON_CODES, (
+            f"{path.name}: '# reason:' must be `any` or one of {sorted(REASON_CODES)}"
+        )
+        assert fields["expected"] != Status.CORRECT.value, f"{path.name}: an exploit cannot be expected correct"
+    else:
+        assert fields["expected"] == Status.CORRECT.value, f"{path.name}: legit candidates must be expected correct"
+    if "options" in fields:
+        drkernel.EvalOptions.from_dict({**FAST, **json.loads(fields["options"])})
+
+
+def test_every_exploit_class_is_covered() -> None:
+    classes = {p.stem[0] for p in EXPLOITS}
+    assert set("abcdefghijk") <= classes, f"missing exploit classes: {sorted(set('abcdefghijk') - classes)}"
+
+
+@pytest.mark.parametrize("path", EXPLOITS, ids=_ids(EXPLOITS))
+def test_exploit_is_caught(path: Path, results: dict[Path, Future[EvalResult]], request) -> None:
+    fields = header(path)
+    if not runnable(path):
+        pytest.skip("needs a CUDA GPU")
+    if "gap" in fields:  # a known hole, documented; strict: the day it is caught, this test says so
+        request.node.add_marker(pytest.mark.xfail(reason=fields["gap"], strict=True))
+    result = result_for(results, path)
+    expected, reason = fields["expected"], fields.get("reason", "any")
+    assert result.status == expected, f"{path.name}: expected {expected}, got {describe(result)}"
+    assert not result.correct
+    if reason != "any":
+        assert reason in result.hack_reasons, f"{path.name}: expected reason {reason}, got {describe(result)}"
+    if result.status == Status.HACKED.value:
+        assert result.hack_reasons, f"{path.name}: hacked without a reason: {describe(result)}"
+    feedback = render(result)
+    for code in result.hack_reasons:
+        message = result.hack_details.get(code, "")
+        assert message.strip(), f"{path.name}: reason {code} has no message in hack_details"
+        assert code in feedback, f"{path.name}: the feedback does not mention {code}:\n{feedback}"
+
+
+@pytest.mark.parametrize("path", LEGIT, ids=_ids(LEGIT))
+def test_legit_is_correct(path: Path, results: dict[Path, Future[EvalResult]]) -> None:
+    if not runnable(path):
+        pytest.skip("needs a CUDA GPU")
+    result = result_for(results, path)
+    assert result.status == Status.CORRECT.value, f"{path.name}: false positive: {describe(result)}"
+    assert result.correct
+    assert result.hack_reasons == [] and result.hack_details == {}, f"{path.name}: {describe(result)}"
