@@ -22,7 +22,7 @@ TOLERANCES: dict[torch.dtype, tuple[float, float, float]] = {
     torch.bfloat16: (5e-2, 5e-2, 3e-2),
 }
 EXACT = (0.0, 0.0, 0.0)
-COMPARE_CHUNK = 1 << 24  # elements compared at once (128 MB of float64 per operand)  # integer and boolean outputs must match exactly
+COMPARE_CHUNK = 1 << 26  # elements compared at once (256 MB of float32 per operand)  # integer and boolean outputs must match exactly
 
 # Floating dtypes by precision: a candidate answering in a lower one cuts the work it was asked to do.
 PRECISION_RANK = {torch.float16: 1, torch.bfloat16: 1, torch.float32: 2, torch.float64: 3}
@@ -113,14 +113,16 @@ def compare_tensor(
 
 
 def _compare_floating(ref: torch.Tensor, cand: torch.Tensor, tol: Tolerance, trial: int, index: int) -> Comparison:
-    """Compare in float64, chunk by chunk: outputs of several GB must not need several times that in memory."""
+    """Compare chunk by chunk (outputs of several GB must not need several times that in memory), in float32 for
+    float32 and narrower outputs, with the norms accumulated in float64."""
     ref_flat, cand_flat = ref.reshape(-1), cand.reshape(-1)
     first_nonfinite = first_far = None
     nonfinite_count = far_count = 0
     max_abs, diff_sq, ref_sq = 0.0, 0.0, 0.0
+    work = torch.float64 if ref.dtype == torch.float64 else torch.float32  # norms accumulate in float64 anyway
     for start in range(0, ref_flat.numel(), COMPARE_CHUNK):
-        r = ref_flat[start:start + COMPARE_CHUNK].double()
-        c = cand_flat[start:start + COMPARE_CHUNK].double()
+        r = ref_flat[start:start + COMPARE_CHUNK].to(work)
+        c = cand_flat[start:start + COMPARE_CHUNK].to(work)
         finite = torch.isfinite(r)
         nonfinite = finite & ~torch.isfinite(c)
         far = ~torch.isclose(c, r, rtol=tol.rtol, atol=tol.atol, equal_nan=True)
@@ -135,8 +137,8 @@ def _compare_floating(ref: torch.Tensor, cand: torch.Tensor, tol: Tolerance, tri
         zero = torch.zeros((), dtype=r.dtype, device=r.device)
         diff = torch.where(finite & torch.isfinite(c), (c - r).abs(), zero)
         max_abs = max(max_abs, float(diff.max()))
-        diff_sq += float(diff.square().sum())
-        ref_sq += float(torch.where(finite, r, zero).square().sum())
+        diff_sq += float(torch.linalg.vector_norm(diff, dtype=torch.float64)) ** 2
+        ref_sq += float(torch.linalg.vector_norm(torch.where(finite, r, zero), dtype=torch.float64)) ** 2
     diff_norm, ref_norm = math.sqrt(diff_sq), math.sqrt(ref_sq)
     rel = diff_norm / ref_norm if ref_norm > 0 else (0.0 if diff_norm == 0 else math.inf)
     if first_nonfinite is not None:

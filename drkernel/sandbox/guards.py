@@ -301,13 +301,12 @@ def fake_outputs(outputs: list[Any]) -> list[str]:
     ]
 
 
-def poison(values: Iterable[Any], integers: bool = True) -> None:
-    """Overwrite tensors the harness is done with, so a later allocation cannot find their values."""
+def poison(values: Iterable[Any]) -> None:
+    """Overwrite tensors the harness is done with, so that nothing can find their values later. Floats become NaN;
+    integers become 0, which is a valid index: a later kernel reading a poisoned index buffer stays in bounds."""
     for value in values:
-        if not _isinstance(value, torch.Tensor) or (not integers and not value.dtype.is_floating_point):
-            continue
-        if value.numel() > 0 and not value.requires_grad:
+        if _isinstance(value, torch.Tensor) and value.numel() > 0 and not value.requires_grad:
             try:
-                value.fill_(float("nan") if value.dtype.is_floating_point else -7)
+                value.fill_(float("nan") if value.dtype.is_floating_point else 0)
             except RuntimeError:  # read-only or overlapping views
                 pass

@@ -422,9 +422,8 @@ class Evaluation:
                 self.recorder.take()
 
                 def poison_written(launch: launches.Launch) -> None:
-                    if launch.own:  # integers stay: poisoned indices would send later kernels out of bounds
-                        guards.poison((t for t in launch.tensor_args if t.untyped_storage().data_ptr() not in keep),
-                                      integers=False)
+                    if launch.own:
+                        guards.poison(t for t in launch.tensor_args if t.untyped_storage().data_ptr() not in keep)
 
                 self.recorder.after_launch = poison_written
                 try:
