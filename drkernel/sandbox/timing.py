@@ -44,10 +44,12 @@ class CallTimer:
 
     def __init__(self, device: torch.device) -> None:
         self.cuda = device.type == "cuda"
+        self.stream = 0
         if self.cuda:
             self._flush = torch.empty(L2_FLUSH_BYTES, dtype=torch.uint8, device=device)
             self._event = torch.cuda.Event
             self._sync = torch.cuda.synchronize
+            self.stream = torch.cuda.current_stream().cuda_stream  # the stream the events time
 
     def enqueue(self, fn: Callable[..., Any], args: list[Any], samples: Samples) -> Any:
         if not self.cuda:

@@ -119,6 +119,8 @@ class RayBackend:
         try:
             infos = ray.get([a.handle.info.remote() for a in self._actors], timeout=ACTOR_START_TIMEOUT_S)
         except ray.exceptions.GetTimeoutError as exc:
+            for actor in self._actors:
+                ray.kill(actor.handle)
             raise RuntimeError(f"the Ray cluster did not start {count} evaluation actors ({options}) within "
                                f"{ACTOR_START_TIMEOUT_S:g} s") from exc
         for actor, info in zip(self._actors, infos):

@@ -37,6 +37,8 @@ PROMETHEUS_TEXT = "text/plain; version=0.0.4; charset=utf-8"
 
 
 def create_app(dispatcher: Dispatcher, token: str | None = None) -> FastAPI:
+    """The app around `dispatcher`, which it starts and closes; `token` None leaves every path open."""
+
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         dispatcher.start()

@@ -23,13 +23,12 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Iterator
 
-from drkernel.scheduling.scheduler import Backend
+from drkernel.scheduling.scheduler import JOBS_PER_WORKER, Backend
 from drkernel.schema import EvalRequest, EvalResult, Status
 from drkernel.service.store import Record, Store, cache_key, cacheable
 
 log = logging.getLogger(__name__)
 
-JOBS_PER_WORKER = 2  # handed to the backend per worker: the one running and the next, being prepared
 PURGE_INTERVAL_S = 3600.0
 RECHECK_S = 60.0  # a waiter rereads its row at least this often, whatever happens to its wake-up
 
@@ -95,6 +94,7 @@ class Dispatcher:
         self.retention_s = retention_s
         self.waiters = Waiters()
         self.metrics = Metrics()
+        # As many per worker as the embedded scheduler keeps in flight: the running job and those being prepared.
         self._window = JOBS_PER_WORKER * max(1, len(backend.workers()))
         self._events: queue.Queue[tuple] = queue.Queue()
         self._pending: collections.deque[tuple[str, str]] = collections.deque()  # (id, key), oldest first

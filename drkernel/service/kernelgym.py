@@ -27,7 +27,8 @@ from drkernel.service.models import Source
 from drkernel.service.store import Record, infrastructure_failure
 
 KernelGymStatus = Literal["pending", "processing", "completed", "failed", "timeout"]
-REFERENCE_MODES = {None: "eager", "pytorch": "eager", "eager": "eager", "torch_compile": "compile", "compile": "compile"}
+REFERENCE_MODES = {None: "eager", "pytorch": "eager", "eager": "eager", "torch_compile": "compile",
+                   "compile": "compile"}  # KernelGYM's reference_backend -> our reference_mode
 ERROR_CODES = {  # KernelGYM's ErrorCode values
     Status.INCORRECT.value: "CORRECTNESS_ERROR",
     Status.HACKED.value: "CORRECTNESS_ERROR",

@@ -46,7 +46,8 @@ class BatchIn(BaseModel):
 
 
 def _shape(body: Any) -> str:
-    return SUBMISSION_TAGS[isinstance(body, dict) and "items" in body]
+    single, batch = SUBMISSION_TAGS
+    return batch if isinstance(body, dict) and "items" in body else single
 
 
 # A body with "items" is a batch; anything else is validated as one evaluation (so errors name one shape only).
@@ -73,7 +74,3 @@ class EvaluationOut(BaseModel):
 class HealthOut(BaseModel):
     status: Literal["ok"] = "ok"
     device: str
-
-
-class ErrorOut(BaseModel):
-    detail: Any
