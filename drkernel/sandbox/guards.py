@@ -246,11 +246,13 @@ class ThreadOrigins:
 
     def __init__(self, candidate_file: str) -> None:
         self.threads: weakref.WeakSet[threading.Thread] = weakref.WeakSet()
+        self.started = 0  # threads the candidate started, finished ones included
         original, origins = threading.Thread.start, self
 
         def start(thread: threading.Thread) -> None:
             if audit.called_from(candidate_file, sys._getframe(1)):
                 origins.threads.add(thread)
+                origins.started += 1
             original(thread)
 
         threading.Thread.start = start  # type: ignore[method-assign]

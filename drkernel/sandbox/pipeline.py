@@ -204,7 +204,7 @@ class Evaluation:
 
     def _call_candidate(self, args: list[Any], pristine: list[Any] | None = None, label: str = "") -> Any:
         """Run the candidate's forward with every runtime check around it."""
-        threads_before = self.thread_origins.alive()
+        threads_before, started_before = self.thread_origins.alive(), self.thread_origins.started
         children_before = guards.child_processes()
         self.recorder.take()
         strict = not self.options.allow_torch_glue
@@ -241,13 +241,16 @@ class Evaluation:
                     guards.INPUT_MUTATION,
                     f"forward changed its input(s) {changed} in place; inputs must be left as they are.",
                 )
-        new_threads = set(self.thread_origins.alive()) - set(threads_before)
+        # Threads the candidate started during forward (finished or not), or that are still running from before.
+        threads = sorted(set(self.thread_origins.alive()) | set(threads_before))
+        started = self.thread_origins.started - started_before
         new_children = guards.child_processes() - children_before
-        if new_threads or new_children:
+        if threads or started or new_children:
             self.findings.add(
                 guards.BACKGROUND_WORK,
-                "forward left work running after it returned "
-                f"(threads: {sorted(new_threads) or 'none'}, processes: {sorted(new_children) or 'none'}).",
+                f"forward worked outside its own thread (threads started: {started}, running: {threads or 'none'}, "
+                f"processes: {sorted(new_children) or 'none'}): all work must be done, on the GPU's current "
+                "stream, before forward returns.",
             )
         self._check_tripwire()
         self.state_guard.check(self.findings)

@@ -12,6 +12,7 @@ import collections
 import itertools
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -69,6 +70,7 @@ class _Job:
     request: EvalRequest
     future: Future[EvalResult]
     attempts: int = 0
+    process: subprocess.Popen[bytes] | None = None  # the worker it was last sent to
 
 
 @dataclass
@@ -171,6 +173,7 @@ class Scheduler:
                     slot.process.kill()
         for thread in self._threads:
             thread.join(timeout=10)
+        shutil.rmtree(self._log_dir, ignore_errors=True)
 
     def __enter__(self) -> Scheduler:
         return self
@@ -212,7 +215,7 @@ class Scheduler:
                     slot.head_since = time.monotonic()
                 slot.inflight[job.id] = job
                 job.attempts += 1
-                process = slot.process
+                process = job.process = slot.process
             assert process is not None and process.stdin is not None
             try:
                 process.stdin.write((json.dumps({"job": job.id, "request": job.request.to_dict()}) + "\n").encode())
@@ -240,9 +243,9 @@ class Scheduler:
                 job.future.set_result(EvalResult.from_dict(message["result"]))
         process.wait()
         with self._cond:  # the worker is gone: its jobs go back to the front of the queue
-            orphans = list(slot.inflight.values()) if slot.process is process else []
-            if slot.process is process:
-                slot.inflight.clear()
+            orphans = [job for job in slot.inflight.values() if job.process is process]
+            for job in orphans:
+                del slot.inflight[job.id]
             retry = [j for j in orphans if j.attempts < self.max_attempts]
             self._queue.extendleft(reversed(retry))
             self._cond.notify_all()

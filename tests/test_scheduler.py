@@ -1,0 +1,147 @@
+"""The embedded scheduler: results in order, killed and hung workers retried, candidate failures never retried.
+
+Also the helpers the service's tests share: cheap example requests with the verdict each one expects.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from drkernel.scheduling import scheduler as scheduler_module
+from drkernel.scheduling.scheduler import Scheduler
+from drkernel.schema import EvalOptions, EvalRequest, EvalResult
+
+REPO = Path(__file__).resolve().parents[1]
+# Real evaluations in the sandbox, as cheap as they get: one correctness trial, no timing, no profile.
+CHEAP = {"device": "cpu", "measure_performance": False, "profile": False, "correctness_trials": 1}
+# (task, candidate) pairs of the examples covering each verdict a service must get right.
+MIX = [
+    ("1_vector_add", "1_vector_add__triton"),  # correct
+    ("2_relu", "2_relu__triton"),  # correct
+    ("2_relu", "2_relu__wrong"),  # incorrect
+    ("2_relu", "2_relu__pytorch_only"),  # hacked
+    ("5_layernorm", "5_layernorm__raises"),  # runtime_error
+]
+
+
+def example(task: str, candidate: str, prefix: str = "", **options: object) -> tuple[EvalRequest, str]:
+    """An example request (the candidate's source after `prefix`) and the status its `# expected:` line names."""
+    code = (REPO / "examples" / "candidates" / f"{candidate}.py").read_text()
+    expected = code.splitlines()[0].removeprefix("# expected:").strip()
+    reference = (REPO / "examples" / "tasks" / f"{task}.py").read_text()
+    return EvalRequest(reference, prefix + code, EvalOptions.from_dict({**CHEAP, **options})), expected
+
+
+STARTED = "drkernel-test: the candidate is being imported"
+
+
+def stalled(seconds: float) -> str:
+    """Candidate prefix: say so on stdout as the candidate is imported, then sleep (time to act on its worker).
+
+    The sandbox refuses file writes from candidate code, but sends its stdout to `stdout.txt` in its job folder.
+    """
+    return f"import time\nprint({STARTED!r}, flush=True)\ntime.sleep({seconds})\n"
+
+
+def started(root: Path) -> bool:
+    """Whether a stalled candidate has started, in a sandbox whose temporary folder is `root` (TMPDIR)."""
+    for output in root.glob("drkernel-*/job-*/stdout.txt"):
+        with contextlib.suppress(OSError):  # its job may end and vanish meanwhile
+            if STARTED in output.read_text(errors="replace"):
+                return True
+    return False
+
+
+def assert_verdicts(results: list[EvalResult], expected: list[str]) -> None:
+    """Every status as expected; a failure names each wrong one with its error."""
+    wrong = [(i, r.status, e, r.error and f"{r.error.kind}: {r.error.message}")
+             for i, (r, e) in enumerate(zip(results, expected)) if r.status != e]
+    assert len(results) == len(expected) and not wrong, wrong[:5]
+
+
+def wait_for(condition, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
+        time.sleep(0.05)
+
+
+@pytest.fixture
+def sandbox_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The temporary folder of the sandboxes of workers started from now on: their job folders appear there."""
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    return tmp_path
+
+
+@pytest.mark.slow
+def test_results_come_back_in_order_with_the_right_verdicts() -> None:
+    requests, expected = zip(*(example(*pair) for pair in MIX * 2))
+    seen: list[int] = []
+    with Scheduler("cpu", workers=2) as scheduler:
+        results = scheduler.evaluate_many(requests, on_result=lambda index, _: seen.append(index))
+        completed = sum(w["completed"] for w in scheduler.workers())
+    assert [r.status for r in results] == list(expected)
+    assert sorted(seen) == list(range(len(requests)))  # each reported once
+    assert completed == len(requests)
+
+
+@pytest.mark.slow
+def test_a_worker_killed_mid_evaluation_loses_nothing(sandbox_tmp: Path) -> None:
+    slow, slow_expected = example("1_vector_add", "1_vector_add__triton", prefix=stalled(2))
+    others = [example(*pair) for pair in MIX]
+    with Scheduler("cpu", workers=1) as scheduler:
+        futures = [scheduler.submit(slow)] + [scheduler.submit(r) for r, _ in others]
+        wait_for(lambda: started(sandbox_tmp), 60, "the slow evaluation to start")
+        os.kill(scheduler.workers()[0]["pid"], signal.SIGKILL)
+        results = [f.result(timeout=120) for f in futures]
+        (worker,) = scheduler.workers()
+    assert [r.status for r in results] == [slow_expected] + [e for _, e in others]
+    assert worker["restarts"] == 1
+    assert worker["completed"] == len(futures)  # every job answered exactly once, by the new worker or the old
+
+
+@pytest.mark.slow
+def test_a_hung_worker_is_killed_by_the_watchdog(sandbox_tmp: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(scheduler_module, "START_ALLOWANCE_S", 1.0)
+    request, expected = example("1_vector_add", "1_vector_add__triton", prefix=stalled(0.2), timeout_s=6.0)
+    with Scheduler("cpu", workers=1) as scheduler:
+        future = scheduler.submit(request)
+        wait_for(lambda: started(sandbox_tmp), 60, "the evaluation to start")
+        pid = scheduler.workers()[0]["pid"]
+        os.kill(pid, signal.SIGSTOP)  # alive, holding its job, answering nothing
+        try:
+            result = future.result(timeout=60)
+        finally:
+            with contextlib.suppress(ProcessLookupError):  # never leave a stopped process behind
+                os.kill(pid, signal.SIGCONT)
+        (worker,) = scheduler.workers()
+    assert result.status == expected
+    assert worker["restarts"] == 1  # the watchdog killed the stopped worker, a new one ran the job
+
+
+CANDIDATE_FAILURES = {  # forward's body -> the verdict, which is final: the worker survives, nothing is retried
+    "os._exit(3)": "crashed",
+    "import faulthandler; faulthandler._sigsegv()": "crashed",
+    "raise ValueError('boom')": "runtime_error",
+}
+
+
+def test_candidate_failures_are_results_not_retries() -> None:
+    reference, _ = example(*MIX[0])
+    template = "import os, torch\nclass ModelNew(torch.nn.Module):\n    def forward(self, a, b):\n        {}\n"
+    requests = [EvalRequest(reference.reference, template.format(body), reference.options)
+                for body in CANDIDATE_FAILURES]
+    with Scheduler("cpu", workers=1) as scheduler:
+        results = scheduler.evaluate_many(requests)
+        (worker,) = scheduler.workers()
+    assert [r.status for r in results] == list(CANDIDATE_FAILURES.values())
+    assert all(r.error is not None and r.error.kind != "WorkerLost" for r in results)
+    assert worker["restarts"] == 0
+    assert worker["completed"] == len(requests)
