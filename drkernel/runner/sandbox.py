@@ -132,11 +132,11 @@ class Sandbox:
                 outcome = "memory"
             else:
                 continue
-            _kill_group(handle.pid)
+            procfs.kill_group(handle.pid)
             handle.finished.wait(KILL_GRACE_S)
             break
         if handle.server_died:
-            _kill_group(handle.pid)
+            procfs.kill_group(handle.pid)
             if not (workdir / "started").exists():
                 raise _NeverStarted
             outcome = "server_died"
@@ -205,14 +205,6 @@ def _output_tail(workdir: Path) -> str:
         if text.strip():
             parts.append(f"[{name}]\n{text[-OUTPUT_TAIL_CHARS:]}")
     return "\n".join(parts)
-
-
-def _kill_group(pid: int) -> None:
-    for kill in (os.killpg, os.kill):
-        try:
-            kill(pid, signal.SIGKILL)
-        except OSError:
-            pass
 
 
 def _group_rss(pgid: int) -> int:

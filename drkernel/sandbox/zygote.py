@@ -23,7 +23,7 @@ import torch
 import torch.profiler  # noqa: F401  (imported once here, not in every evaluation)
 import triton.testing  # noqa: F401
 
-from drkernel.sandbox import isolate, pipeline
+from drkernel.sandbox import isolate, pipeline, procfs
 from drkernel.schema import EvalRequest, EvalResult, Status
 
 GO_POLL_S = 0.002
@@ -98,7 +98,7 @@ def serve() -> None:
             chunk = os.read(0, 1 << 16)
             if not chunk:  # the supervisor is gone: take every running evaluation with us
                 for pid in jobs:
-                    _kill_group(pid)
+                    procfs.kill_group(pid)
                 return
             pending += chunk
             *lines, pending = pending.split(b"\n")
@@ -122,14 +122,6 @@ def _reap(jobs: dict[int, str], send: Any) -> None:
             return
         if pid in jobs:
             send({"id": jobs.pop(pid), "status": status})
-
-
-def _kill_group(pid: int) -> None:
-    for kill in (os.killpg, os.kill):
-        try:
-            kill(pid, signal.SIGKILL)
-        except OSError:
-            pass
 
 
 def _sender() -> tuple[Any, int]:
