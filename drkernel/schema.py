@@ -163,7 +163,6 @@ class EvalOptions:
     allow_torch_glue: bool = True  # PyTorch ops around the Triton kernels (KernelBench and the paper allow it)
     min_coverage: float = 0.05  # on a GPU, less of the time than this in the candidate's own kernels is lazy
     profile: bool = True
-    interpreter_max_seconds: float = 60.0  # budget hint for interpreter runs on the CPU
 
     def __post_init__(self) -> None:
         if self.device not in ("auto", "cpu", "cuda"):

@@ -17,7 +17,6 @@ import torch
 @dataclass
 class Launch:
     name: str  # the compiled kernel's name (what torch.profiler shows), or the function name under the interpreter
-    function: str  # qualified Python name of the @triton.jit function
     filename: str
     grid: tuple[int, ...] | None
     own: bool
@@ -76,7 +75,6 @@ class LaunchRecorder:
         compiled_name = getattr(compiled, "name", None) or getattr(getattr(compiled, "metadata", None), "name", None)
         launch = Launch(
             name=compiled_name or fn.__name__,
-            function=fn.__qualname__,
             filename=filename,
             grid=_resolve_grid(kernel_fn, grid, args, kwargs),
             own=filename in self.own_files,
