@@ -116,24 +116,15 @@ def _compare_floating(ref: torch.Tensor, cand: torch.Tensor, tol: Tolerance, tri
     """Compare chunk by chunk (outputs of several GB must not need several times that in memory), in float32 for
     float32 and narrower outputs, with the norms accumulated in float64."""
     ref_flat, cand_flat = ref.reshape(-1), cand.reshape(-1)
-    first_nonfinite = first_far = None
-    nonfinite_count = far_count = 0
+    nonfinite, far = _Tally(), _Tally()
     max_abs, diff_sq, ref_sq = 0.0, 0.0, 0.0
     work = torch.float64 if ref.dtype == torch.float64 else torch.float32  # norms accumulate in float64 anyway
     for start in range(0, ref_flat.numel(), COMPARE_CHUNK):
         r = ref_flat[start:start + COMPARE_CHUNK].to(work)
         c = cand_flat[start:start + COMPARE_CHUNK].to(work)
         finite = torch.isfinite(r)
-        nonfinite = finite & ~torch.isfinite(c)
-        far = ~torch.isclose(c, r, rtol=tol.rtol, atol=tol.atol, equal_nan=True)
-        for mask, kind in ((nonfinite, "nonfinite"), (far, "far")):
-            count = int(mask.sum())
-            if count and kind == "nonfinite":
-                first_nonfinite = first_nonfinite if first_nonfinite is not None else start + int(mask.nonzero()[0, 0])
-                nonfinite_count += count
-            elif count:
-                first_far = first_far if first_far is not None else start + int(mask.nonzero()[0, 0])
-                far_count += count
+        nonfinite.add(finite & ~torch.isfinite(c), start)
+        far.add(~torch.isclose(c, r, rtol=tol.rtol, atol=tol.atol, equal_nan=True), start)
         zero = torch.zeros((), dtype=r.dtype, device=r.device)
         diff = torch.where(finite & torch.isfinite(c), (c - r).abs(), zero)
         max_abs = max(max_abs, float(diff.max()))
@@ -141,10 +132,10 @@ def _compare_floating(ref: torch.Tensor, cand: torch.Tensor, tol: Tolerance, tri
         ref_sq += float(torch.linalg.vector_norm(torch.where(finite, r, zero), dtype=torch.float64)) ** 2
     diff_norm, ref_norm = math.sqrt(diff_sq), math.sqrt(ref_sq)
     rel = diff_norm / ref_norm if ref_norm > 0 else (0.0 if diff_norm == 0 else math.inf)
-    if first_nonfinite is not None:
-        result = _first_bad(ref, cand, first_nonfinite, nonfinite_count, trial, index, "nonfinite", tol)
-    elif first_far is not None:
-        result = _first_bad(ref, cand, first_far, far_count, trial, index, "value", tol)
+    if nonfinite.first is not None:
+        result = _first_bad(ref, cand, nonfinite.first, nonfinite.count, trial, index, "nonfinite", tol)
+    elif far.first is not None:
+        result = _first_bad(ref, cand, far.first, far.count, trial, index, "value", tol)
     elif rel > tol.rel_error_bound:
         result = _fail(trial, index, [], None, None, "rel_error",
                        f"relative error {rel:.3g} exceeds the bound {tol.rel_error_bound:g}", tol)
@@ -152,6 +143,20 @@ def _compare_floating(ref: torch.Tensor, cand: torch.Tensor, tol: Tolerance, tri
         return Comparison(ok=True, max_abs_diff=max_abs, rel_error=rel, tolerance=tol)
     result.max_abs_diff, result.rel_error = max_abs, min(rel, 1e300)
     return result
+
+
+@dataclass
+class _Tally:
+    """Offending elements over all chunks: how many, and the flat index of the first."""
+
+    first: int | None = None
+    count: int = 0
+
+    def add(self, mask: torch.Tensor, start: int) -> None:
+        count = int(mask.sum())
+        if count and self.first is None:
+            self.first = start + int(mask.nonzero()[0, 0])
+        self.count += count
 
 
 def _first_bad(
