@@ -6,9 +6,12 @@ run on one. Evaluations run with device=cpu, under the Triton interpreter.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
+import tempfile
 import time
+import uuid
 from pathlib import Path
 from typing import Iterator
 
@@ -16,7 +19,7 @@ import pytest
 
 ray = pytest.importorskip("ray")
 
-from drkernel.scheduling.ray_backend import RayBackend, _resolve  # noqa: E402
+from drkernel.scheduling.ray_backend import RayBackend, _harness_failed, _resolve  # noqa: E402
 from drkernel.service.client import Client  # noqa: E402
 from drkernel.service.dispatcher import Dispatcher  # noqa: E402
 from drkernel.service.store import Store  # noqa: E402
@@ -64,6 +67,36 @@ def test_cpu_evaluations_and_a_lost_actor() -> None:
     assert sum(w["completed"] for w in workers) == len(futures)  # one result each, none lost nor doubled
 
 
+def test_an_actor_prepares_the_next_evaluations_and_runs_one_at_a_time() -> None:
+    """Held evaluations are forked as they arrive (their job folders appear), but only one runs its candidate."""
+    marker = f"drkernel-ray-turns-{uuid.uuid4().hex}"
+    prefix = f"import time\nprint({marker!r}, flush=True)\ntime.sleep(1.0)\n"
+    requests = [example("1_vector_add", "1_vector_add__triton", prefix=prefix) for _ in range(3)]
+    root = Path(tempfile.gettempdir())  # the actors' too: they inherit this process's environment
+
+    def jobs_with(name: str) -> int:
+        count = 0
+        for path in root.glob(f"drkernel-*/job-*/{name}"):
+            with contextlib.suppress(OSError):  # a finished job's folder vanishes
+                count += marker in path.read_text(errors="replace")
+        return count
+
+    backend = RayBackend(device="cpu", num_cpus_per_eval=2)  # one actor takes both CPUs
+    most_prepared = most_running = 0
+    try:
+        futures = [backend.submit(r) for r, _ in requests]
+        while not all(f.done() for f in futures):
+            most_prepared = max(most_prepared, jobs_with("request.json"))
+            most_running = max(most_running, jobs_with("stdout.txt"))
+            time.sleep(0.05)
+        results = [f.result() for f in futures]
+    finally:
+        backend.close()
+    assert [r.status for r in results] == [expected for _, expected in requests]
+    assert most_prepared == 3  # all three forked while the first ran
+    assert most_running == 1
+
+
 def test_the_service_on_ray(tmp_path: Path) -> None:
     requests = [example(*pair) for pair in MIX]
     backend = RayBackend(device="cpu")
@@ -81,3 +114,11 @@ def test_devices_resolve_against_the_cluster() -> None:
         _resolve("cuda", {"CPU": 4})
     with pytest.raises(ValueError):
         _resolve("tpu", {"CPU": 4})
+
+
+def test_unfinished_evaluations_are_harness_failures() -> None:
+    lost = _harness_failed(ray.exceptions.ActorDiedError())
+    raised = _harness_failed(ray.exceptions.RayTaskError("evaluate", "Traceback ...", OSError("disk full")))
+    assert (lost.status, lost.error.kind) == ("crashed", "WorkerLost")
+    assert (raised.status, raised.error.kind) == ("crashed", "SandboxError")
+    assert "disk full" in raised.error.message

@@ -11,7 +11,9 @@ its process was killed). Those are the failures Ray retries: `max_restarts` brin
 infrastructure failure (status crashed, error kind WorkerLost), never as the candidate's fault.
 
 The queue lives in this process: each actor gets at most `JOBS_PER_ACTOR` evaluations at once, and the next one is
-sent when one comes back, so a slow GPU never hoards work that an idle one could do.
+sent when one comes back, so a slow GPU never hoards work that an idle one could do. Inside the actor (a threaded
+actor, one thread per held evaluation) each evaluation's process is forked and initialised as soon as it arrives,
+while the one in front runs, as the embedded scheduler's workers do; one thread runs them on the device in turn.
 """
 
 from __future__ import annotations
@@ -19,12 +21,14 @@ from __future__ import annotations
 import collections
 import contextlib
 import os
+import queue
 import threading
 from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass, field
 from typing import Any
 
-from drkernel.runner.sandbox import Sandbox, host_memory_mb
+from drkernel.runner.sandbox import Prepared, Sandbox, host_memory_mb
+from drkernel.scheduling.scheduler import JOBS_PER_WORKER
 from drkernel.schema import ErrorInfo, EvalRequest, EvalResult, Status
 
 try:
@@ -32,7 +36,7 @@ try:
 except ImportError as exc:  # optional dependency
     raise ImportError("the Ray backend needs Ray: pip install 'drkernel[ray]'") from exc
 
-JOBS_PER_ACTOR = 2  # the running evaluation and the next, queued inside the actor: no idle gap between them
+JOBS_PER_ACTOR = JOBS_PER_WORKER  # the running evaluation and the next ones, starting up meanwhile
 MAX_RESTARTS = 3  # an actor whose process or node dies comes back this many times
 MAX_TASK_RETRIES = 3  # and the evaluation it held runs again, this many times
 ACTOR_START_TIMEOUT_S = 300.0  # for the cluster to place and start every actor
@@ -47,11 +51,26 @@ class EvaluationActor:
         # to `gpu` itself, so it needs that value as given (a physical index or UUID), not the index "0" seen here.
         self.gpu = _assigned_gpu() if device == "cuda" else None
         share = _actors_on_node(resource, per_actor)
-        self.sandbox = Sandbox(device=device, gpu=self.gpu, memory_cap_mb=int(host_memory_mb() * 0.8 / share))
+        # Up to JOBS_PER_ACTOR evaluation processes are alive at once: they share the actor's share of memory.
+        cap = int(host_memory_mb() * 0.8 / (share * JOBS_PER_ACTOR))
+        self.sandbox = Sandbox(device=device, gpu=self.gpu, memory_cap_mb=cap)
+        self._prepared: queue.Queue[tuple[Prepared, Future[EvalResult]]] = queue.Queue()
+        threading.Thread(target=self._run_in_turn, daemon=True, name="drkernel-device").start()
 
     def evaluate(self, request: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
         """The result, and where it ran: a new pid tells the driver that Ray restarted this actor."""
-        return self.sandbox.evaluate(EvalRequest.from_dict(request)).to_dict(), self.info()
+        done: Future[EvalResult] = Future()
+        self._prepared.put((self.sandbox.prepare(EvalRequest.from_dict(request)), done))
+        return done.result().to_dict(), self.info()
+
+    def _run_in_turn(self) -> None:
+        """One evaluation on the device at a time, in the order they were prepared."""
+        while True:
+            prepared, done = self._prepared.get()
+            try:
+                done.set_result(self.sandbox.finish(prepared))
+            except BaseException as exc:  # a harness fault, not the candidate's: the driver reports SandboxError
+                done.set_exception(exc)
 
     def info(self) -> dict[str, Any]:
         return {"device": self.device, "gpu": self.gpu, "pid": os.getpid(),
@@ -111,7 +130,7 @@ class RayBackend:
         if count < 1:
             raise RuntimeError(f"the Ray cluster has no room for one evaluation ({options}): {resources}")
         remote = ray.remote(EvaluationActor).options(
-            max_restarts=MAX_RESTARTS, max_task_retries=MAX_TASK_RETRIES, **options
+            max_restarts=MAX_RESTARTS, max_task_retries=MAX_TASK_RETRIES, max_concurrency=JOBS_PER_ACTOR, **options
         )
         self._actors = [
             _Actor(f"ray-{self.device}{i}", remote.remote(self.device, resource, per_actor)) for i in range(count)
@@ -192,7 +211,7 @@ class RayBackend:
                 actor.completed += 1
             self._feed()
         with contextlib.suppress(InvalidStateError):  # cancelled by close() meanwhile
-            job.future.set_result(EvalResult.from_dict(outcome.result()[0]) if error is None else _actor_lost(error))
+            job.future.set_result(EvalResult.from_dict(outcome.result()[0]) if error is None else _harness_failed(error))
 
 
 def _resolve(device: str, resources: dict[str, float]) -> str:
@@ -204,8 +223,10 @@ def _resolve(device: str, resources: dict[str, float]) -> str:
     return device if device != "auto" else ("cuda" if gpus else "cpu")
 
 
-def _actor_lost(error: BaseException) -> EvalResult:
-    return EvalResult(
-        status=Status.CRASHED.value,
-        error=ErrorInfo(kind="WorkerLost", message=f"the Ray actor was lost and Ray's retries are spent: {error!r}"),
-    )
+def _harness_failed(error: BaseException) -> EvalResult:
+    """An evaluation the actor could not finish: the actor was lost for good, or the harness in it raised."""
+    if isinstance(error, ray.exceptions.RayActorError):
+        kind, message = "WorkerLost", f"the Ray actor was lost and Ray's retries are spent: {error!r}"
+    else:
+        kind, message = "SandboxError", f"the evaluation actor failed: {error!r}"
+    return EvalResult(status=Status.CRASHED.value, error=ErrorInfo(kind=kind, message=message))
