@@ -2,13 +2,14 @@
 
     python benchmarks/gpu_bench.py SECTION [SECTION ...] --kernelbench PATH --out DIR
 
-Sections: env, hacks, kernelbench, onebyone, repeat, dobench, degenerate. Each prints a short table and writes
-DIR/<section>.json with every number.
+Sections: env, hacks, kernelbench, onebyone, repeat, dobench, degenerate, scaling, ray. Each prints a short table and
+writes DIR/<section>.json with every number. `ray` needs Ray installed; `scaling` and `ray` use every visible GPU.
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
 import importlib.util
 import json
 import os
@@ -22,7 +23,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from drkernel.scheduling.scheduler import Scheduler  # noqa: E402
+from drkernel.scheduling.scheduler import JOBS_PER_WORKER, Scheduler, discover_gpus  # noqa: E402
 from drkernel.schema import EvalOptions, EvalRequest, EvalResult  # noqa: E402
 from drkernel.tasks import load_candidates, load_jsonl, load_task_dir, pair_candidates  # noqa: E402
 
@@ -45,6 +46,11 @@ def gpu_work_ms(result: EvalResult, options: EvalOptions) -> float:
     ref_calls = trials + options.perf_trials + options.warmup_trials
     cand_calls = ref_calls + 4 + 2 + 1  # profiler warm-up and 3 profiled calls, ablation, bandwidth floor check
     return ref_calls * t.reference.median_ms + cand_calls * t.candidate.median_ms
+
+
+def fresh_triton_cache(tag: str) -> None:
+    """Compiles count: RL candidates are new code. Evaluation processes started after this call compile cold."""
+    os.environ["DRKERNEL_TRITON_CACHE"] = tempfile.mkdtemp(prefix=f"triton-{tag}-")
 
 
 def summary(result: EvalResult) -> dict:
@@ -89,6 +95,7 @@ def section_hacks(args: argparse.Namespace) -> dict:
 
 def section_kernelbench(args: argparse.Namespace) -> dict:
     pairs = kernelbench_pairs(args.kernelbench)
+    fresh_triton_cache("kernelbench")
     start = time.monotonic()
     with Scheduler(device="cuda") as scheduler:
         results = scheduler.evaluate_many([r for _, r in pairs])
@@ -109,6 +116,7 @@ def section_onebyone(args: argparse.Namespace) -> dict:
     """The naive way: one `drkernel eval` process per problem, nothing kept warm."""
     pairs = kernelbench_pairs(args.kernelbench)
     tmp = Path(tempfile.mkdtemp())
+    fresh_triton_cache("onebyone")
     statuses = {}
     start = time.monotonic()
     for name, request in pairs:
@@ -207,6 +215,70 @@ def section_degenerate(args: argparse.Namespace) -> dict:
     return {"checked": len(rows), "degenerate": flagged, "errors": errors}
 
 
+def section_scaling(args: argparse.Namespace) -> dict:
+    """The embedded scheduler on 1 GPU and on every GPU of this machine: the same batch, steady-state rates."""
+    gpus = len(discover_gpus())
+    return scaling(args, {n: (lambda n=n: Scheduler(device="cuda", workers=n)) for n in sorted({1, gpus})})
+
+
+def section_ray(args: argparse.Namespace) -> dict:
+    """The Ray backend on a local Ray instance offered 1, 2, 4... of this machine's GPUs."""
+    import ray
+
+    from drkernel.scheduling.ray_backend import RayBackend
+
+    class OwnedRay(RayBackend):
+        """A Ray instance offered n GPUs, shut down with the backend (the backend does not own one it did not start)."""
+
+        def __init__(self, gpus: int) -> None:
+            ray.init(num_gpus=gpus, log_to_driver=False, include_dashboard=False)
+            super().__init__(address=None, device="cuda")
+
+        def close(self) -> None:
+            super().close()
+            ray.shutdown()
+
+    gpus = len(discover_gpus())
+    counts = sorted({1, *(n for n in (2, 4, 8) if n <= gpus), gpus})
+    return scaling(args, {n: (lambda n=n: OwnedRay(n)) for n in counts})
+
+
+def scaling(args: argparse.Namespace, backends: dict) -> dict:
+    """Rate per GPU count, and efficiency = rate(n) / (n * rate(1)).
+
+    Each count gets a fresh Triton cache; the batch is every problem `--scaling-repeats` times, in rounds, so a
+    problem's repeats rarely run at once. A warm-up of a few cheap evaluations per worker first starts every worker:
+    the rate is that of a service already running.
+    """
+    pairs = kernelbench_pairs(args.kernelbench)
+    batch = [r for _ in range(args.scaling_repeats) for _, r in pairs]
+    cheap = dict(pairs)["19_ReLU"]
+    out: dict = {"evaluations": len(batch), "counts": {}}
+    for n, make in backends.items():
+        fresh_triton_cache(f"scaling-{n}")
+        start = time.monotonic()
+        backend = make()
+        try:
+            for future in [backend.submit(cheap) for _ in range(JOBS_PER_WORKER * n)]:
+                future.result()
+            warm = time.monotonic()
+            results = [f.result() for f in [backend.submit(r) for r in batch]]
+            wall = time.monotonic() - warm
+            workers = backend.workers()
+        finally:
+            backend.close()
+        statuses = collections.Counter(r.status for r in results)
+        out["counts"][n] = {"start_and_warmup_s": warm - start, "wall_s": wall, "per_minute": 60 * len(batch) / wall,
+                            "statuses": dict(statuses),
+                            "completed_per_worker": [w["completed"] for w in workers]}
+        print(f"  {n} GPU(s): {60 * len(batch) / wall:.1f} evaluations/min, {dict(statuses)}", flush=True)
+    base = out["counts"][min(out["counts"])]["per_minute"]
+    for n, row in out["counts"].items():
+        row["speedup"] = row["per_minute"] / base
+        row["efficiency"] = row["per_minute"] / (n * base)
+    return out
+
+
 def _load(source: str, name: str):
     path = Path(tempfile.mkdtemp()) / f"{name}.py"
     path.write_text(source)
@@ -226,6 +298,7 @@ def main() -> None:
     parser.add_argument("--kernelbench", type=Path, default=REPO.parent / "shared/kernelbench/kernelbench_levels1-3.jsonl")
     parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "results/gpu")))
     parser.add_argument("--repeats", type=int, default=10)
+    parser.add_argument("--scaling-repeats", type=int, default=3)
     parser.add_argument("--levels", type=int, nargs="+", default=[1, 2, 3])
     parser.add_argument("--repeat-problems", nargs="+", default=["1_Square_matrix_multiplication_", "36_RMSNorm_"])
     parser.add_argument("--dobench-problems", nargs="+",
