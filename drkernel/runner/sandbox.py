@@ -2,7 +2,8 @@
 
 `Sandbox` owns one device slot (one GPU, or the CPU) and a warm fork server. `prepare` forks the evaluation
 process and lets it initialise CUDA while another evaluation may still be running; `finish` starts it and waits
-with a wall-clock deadline and a host-memory watchdog. Whatever the candidate does - raise, exit, segfault, loop,
+with a wall-clock deadline and a host-memory watchdog. `DeviceQueue` puts the two together for a stream of
+evaluations: each prepared on arrival, run one at a time. Whatever the candidate does - raise, exit, segfault, loop,
 eat memory, kill its parent - the supervisor survives and answers within the timeout plus a few seconds.
 """
 
@@ -10,12 +11,14 @@ from __future__ import annotations
 
 import json
 import os
+import queue
 import shutil
 import signal
 import tempfile
 import threading
 import time
 import uuid
+from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -60,10 +63,9 @@ class Sandbox:
         default_cache = Path.home() / ".cache" / "drkernel" / "triton"
         self.triton_cache = Path(triton_cache or os.environ.get("DRKERNEL_TRITON_CACHE", default_cache))
         self.triton_cache.mkdir(parents=True, exist_ok=True)
-        self.memory_cap_mb = memory_cap_mb or int(host_memory_mb() * 0.8)  # what this machine can give
+        self.memory_cap_mb = memory_cap_mb or memory_share_mb(1)
         # Triton decides at import whether @triton.jit interprets: the fork server must import it in the right mode.
         self.server = ForkServer(env={"TRITON_INTERPRET": "1", "CUDA_VISIBLE_DEVICES": ""} if device == "cpu" else None)
-        self._lock = threading.Lock()
 
     # One evaluation -------------------------------------------------------------------------------------------
 
@@ -172,8 +174,36 @@ class Sandbox:
         self.server.close()
 
 
+class DeviceQueue:
+    """Evaluations on one sandbox: each forked on submission, so its start-up overlaps the evaluations in front of
+    it, and run on the device one at a time, in the order submitted (timings stay clean)."""
+
+    def __init__(self, sandbox: Sandbox) -> None:
+        self.sandbox = sandbox
+        self._prepared: queue.Queue[tuple[Prepared, Future[EvalResult]]] = queue.Queue()
+        threading.Thread(target=self._run_in_turn, daemon=True, name="drkernel-device").start()
+
+    def submit(self, request: EvalRequest) -> Future[EvalResult]:
+        done: Future[EvalResult] = Future()
+        self._prepared.put((self.sandbox.prepare(request), done))
+        return done
+
+    def _run_in_turn(self) -> None:
+        while True:
+            prepared, done = self._prepared.get()
+            try:
+                done.set_result(self.sandbox.finish(prepared))
+            except BaseException as exc:  # a harness fault, not the candidate's: raised to whoever waits for it
+                done.set_exception(exc)
+
+
 def host_memory_mb() -> int:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") >> 20
+
+
+def memory_share_mb(processes: float) -> int:
+    """Host memory for each of `processes` evaluation processes alive at once: 80% of the machine, shared."""
+    return int(host_memory_mb() * 0.8 / processes)
 
 
 def _crashed_by_status(status: int | None, workdir: Path) -> EvalResult:

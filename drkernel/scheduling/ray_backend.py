@@ -21,13 +21,12 @@ from __future__ import annotations
 import collections
 import contextlib
 import os
-import queue
 import threading
 from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass, field
 from typing import Any
 
-from drkernel.runner.sandbox import Prepared, Sandbox, host_memory_mb
+from drkernel.runner.sandbox import DeviceQueue, Sandbox, memory_share_mb
 from drkernel.scheduling.scheduler import JOBS_PER_WORKER
 from drkernel.schema import ErrorInfo, EvalRequest, EvalResult, Status
 
@@ -52,25 +51,16 @@ class EvaluationActor:
         self.gpu = _assigned_gpu() if device == "cuda" else None
         share = _actors_on_node(resource, per_actor)
         # Up to JOBS_PER_ACTOR evaluation processes are alive at once: they share the actor's share of memory.
-        cap = int(host_memory_mb() * 0.8 / (share * JOBS_PER_ACTOR))
-        self.sandbox = Sandbox(device=device, gpu=self.gpu, memory_cap_mb=cap)
-        self._prepared: queue.Queue[tuple[Prepared, Future[EvalResult]]] = queue.Queue()
-        threading.Thread(target=self._run_in_turn, daemon=True, name="drkernel-device").start()
+        sandbox = Sandbox(device=device, gpu=self.gpu, memory_cap_mb=memory_share_mb(share * JOBS_PER_ACTOR))
+        self.device_queue = DeviceQueue(sandbox)
 
     def evaluate(self, request: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-        """The result, and where it ran: a new pid tells the driver that Ray restarted this actor."""
-        done: Future[EvalResult] = Future()
-        self._prepared.put((self.sandbox.prepare(EvalRequest.from_dict(request)), done))
-        return done.result().to_dict(), self.info()
+        """The result, and where it ran: a new pid tells the driver that Ray restarted this actor.
 
-    def _run_in_turn(self) -> None:
-        """One evaluation on the device at a time, in the order they were prepared."""
-        while True:
-            prepared, done = self._prepared.get()
-            try:
-                done.set_result(self.sandbox.finish(prepared))
-            except BaseException as exc:  # a harness fault, not the candidate's: the driver reports SandboxError
-                done.set_exception(exc)
+        Ray runs up to JOBS_PER_ACTOR of these calls at once (a threaded actor): each forks its evaluation on
+        arrival, and the device queue runs them in turn. A harness fault raises here: the driver reports it.
+        """
+        return self.device_queue.submit(EvalRequest.from_dict(request)).result().to_dict(), self.info()
 
     def info(self) -> dict[str, Any]:
         return {"device": self.device, "gpu": self.gpu, "pid": os.getpid(),

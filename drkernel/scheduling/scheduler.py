@@ -22,7 +22,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import IO, Callable, Iterable, Iterator, Protocol
 
-from drkernel.runner.sandbox import host_memory_mb
+from drkernel.runner.sandbox import memory_share_mb
 from drkernel.schema import ErrorInfo, EvalRequest, EvalResult, Status
 
 JOBS_PER_WORKER = 3  # the running one and two being prepared (CUDA and profiler start-up take a few seconds)
@@ -185,7 +185,7 @@ class Scheduler:
 
     def _start_worker(self, slot: _Slot) -> subprocess.Popen[bytes]:
         # Two evaluation processes per worker may be alive at once: the machine's memory is shared among them all.
-        cap = int(host_memory_mb() * 0.8 / (JOBS_PER_WORKER * len(self._slots)))
+        cap = memory_share_mb(JOBS_PER_WORKER * len(self._slots))
         command = [sys.executable, "-m", "drkernel.scheduling.worker", "--device", slot.device,
                    "--memory-cap-mb", str(cap)]
         if slot.gpu is not None:

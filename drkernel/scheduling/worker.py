@@ -14,36 +14,39 @@ import os
 import queue
 import sys
 import threading
+from concurrent.futures import Future
 from typing import IO, Any
 
-from drkernel.runner.sandbox import Prepared, Sandbox
+from drkernel.runner.sandbox import DeviceQueue, Sandbox
 from drkernel.schema import EvalRequest, EvalResult, Status
 
 
-def prepare(sandbox: Sandbox, job: dict[str, Any]) -> tuple[str, Prepared | EvalResult]:
+def submit(device: DeviceQueue, job: dict[str, Any]) -> tuple[str, Future[EvalResult]]:
     try:
         request = EvalRequest.from_dict(job["request"])
     except (KeyError, TypeError, ValueError) as exc:
-        return job.get("job", ""), EvalResult.failure(Status.INVALID, "BadRequest", f"unusable request: {exc}")
-    return job["job"], sandbox.prepare(request)
+        unusable: Future[EvalResult] = Future()
+        unusable.set_result(EvalResult.failure(Status.INVALID, "BadRequest", f"unusable request: {exc}"))
+        return job.get("job", ""), unusable
+    return job["job"], device.submit(request)
 
 
 def run(sandbox: Sandbox, jobs: IO[bytes], out: IO[str]) -> None:
     """Evaluate jobs in order; each job's process is forked as soon as the job arrives, so its start-up overlaps
     the evaluation in front of it."""
-    ready: queue.Queue[tuple[str, Prepared | EvalResult] | None] = queue.Queue()
+    device = DeviceQueue(sandbox)
+    pending: queue.Queue[tuple[str, Future[EvalResult]] | None] = queue.Queue()
 
     def receive() -> None:
         for line in jobs:
             if line.strip():
-                ready.put(prepare(sandbox, json.loads(line)))
-        ready.put(None)
+                pending.put(submit(device, json.loads(line)))
+        pending.put(None)
 
     threading.Thread(target=receive, daemon=True, name="drkernel-receive").start()
-    while (item := ready.get()) is not None:
-        job_id, current = item
-        result = sandbox.finish(current) if isinstance(current, Prepared) else current
-        out.write(json.dumps({"job": job_id, "result": result.to_dict()}) + "\n")
+    while (item := pending.get()) is not None:
+        job_id, result = item
+        out.write(json.dumps({"job": job_id, "result": result.result().to_dict()}) + "\n")
         out.flush()
 
 
