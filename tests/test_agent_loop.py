@@ -122,7 +122,8 @@ def test_bench_cli_verdicts_feedback_retries_and_export(tmp_path):
 
 @pytest.mark.slow
 def test_resume_after_sigkill_asks_only_missing_turns(tmp_path):
-    script = ChatScript({"2_relu": [fenced(candidate("2_relu__wrong")), Reply("stuck", delay_s=60)]})
+    # Turn 1 needs no evaluation (no code), so the killed run never starts a worker: the test stays short.
+    script = ChatScript({"2_relu": ["Let me think first.", Reply("stuck", delay_s=60)]})
     out = tmp_path / "run"
     with ScriptedChatServer(script) as server:
         process = subprocess.Popen(bench(server.url, out, "--name", "2_relu", "--samples", "2", "--turns", "2",
@@ -139,7 +140,7 @@ def test_resume_after_sigkill_asks_only_missing_turns(tmp_path):
         process.wait()
         assert [(r.sample, r.turn) for r in read_trajectories(out)] in ([(0, 1), (1, 1)], [(1, 1), (0, 1)])
         before = len(server.requests)
-        script.replies["2_relu"] = [fenced(candidate("2_relu__wrong")), fenced(candidate("2_relu__triton"))]
+        script.replies["2_relu"] = ["Let me think first.", fenced(candidate("2_relu__triton"))]
         done = subprocess.run([sys.executable, "-m", "drkernel.cli.main", "bench", "--out", str(out), "--resume"],
                               capture_output=True, text=True, env=env(), timeout=300)
     assert done.returncode == 0, done.stderr
