@@ -112,10 +112,14 @@ def prepare_run_dir(run_dir: Path, given: dict[str, Any], resume: bool) -> Bench
     if not resume:
         if has_turns:
             raise RunDirError(f"{run_dir} already holds a run; pass --resume to continue it, or choose another --out")
+        if "tasks" not in given or "model" not in given:
+            raise RunDirError("need --tasks and --model (or --resume to continue the run in --out)")
         config = BenchConfig(**given)
     elif not saved_path.exists():
         if has_turns:
             raise RunDirError(f"{run_dir} has turns but no {CONFIG}: cannot tell how they were made")
+        if "tasks" not in given or "model" not in given:
+            raise RunDirError(f"{run_dir} holds no run to resume (no {CONFIG}); give --tasks and --model to start one")
         config = BenchConfig(**given)
     else:
         saved = read_json(saved_path)

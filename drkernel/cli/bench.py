@@ -78,6 +78,7 @@ def bench_command(
     """Let a model write and refine kernels for each task; record every judged turn; print Fast@p per turn."""
     from drkernel.agent.backends import FatalGenerationError
     from drkernel.agent.bench import RunDirError, load_usable_tasks, prepare_run_dir, run_bench
+    from drkernel.agent.records import read_trajectories
     from drkernel.cli.main import err, fail
     from drkernel.tasks import TaskLoadError
 
@@ -91,8 +92,6 @@ def bench_command(
         "perf_trials": perf_trials, "measure_performance": None if no_perf is None else not no_perf,
     }
     given = {key: value for key, value in given.items() if value not in (None, [])}
-    if not resume and ("tasks" not in given or "model" not in given):
-        raise fail("need --tasks and --model (or --resume to continue the run in --out)")
     try:
         config = prepare_run_dir(out, given, resume)
         config.loop_config()  # reads the prompt templates: a bad file fails here, before any request
@@ -102,11 +101,13 @@ def bench_command(
     for problem in problems_found:
         err.print(f"[yellow]warning:[/yellow] skipped a task that does not load: {problem}")
     total = len(selected) * config.samples * config.turns
+    keys = {task.key for task in selected}
+    recorded = sum(r.task in keys and r.sample < config.samples for r in read_trajectories(out))
     console = Console(stderr=True)
     try:
         with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                       console=console) as progress:
-            bar = progress.add_task("turns", total=total)
+            bar = progress.add_task("turns", total=total, completed=recorded)
 
             def on_turn(record: Any) -> None:
                 progress.update(bar, advance=1, description=f"{record.task} s{record.sample} t{record.turn}: "
