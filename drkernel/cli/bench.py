@@ -19,12 +19,15 @@ from rich.table import Table
 _UNSET: Any = None  # options left unset fall back to the saved config on --resume, else to BenchConfig's defaults
 
 
-def parse_ids(text: str) -> list[int]:
-    """'1,2,19' or '1-5,19' as a list of problem ids."""
+def parse_ids(texts: list[str]) -> list[int]:
+    """'1,2,19' or '1-5,19' (the option may be repeated) as a list of problem ids."""
     from drkernel.cli.main import fail
 
     ids: list[int] = []
-    for part in text.split(","):
+    text = ",".join(texts)
+    for part in text.replace(" ", ",").split(","):
+        if not part:
+            continue
         start, dash, end = part.strip().partition("-")
         try:
             ids.extend(range(int(start), int(end) + 1) if dash else [int(start)])
@@ -37,7 +40,8 @@ def bench_command(
     out: Path = typer.Option(..., "--out", help="Run directory: trajectories.jsonl, config.json, summary.json."),
     tasks: Optional[str] = typer.Option(_UNSET, "--tasks", help="A folder of tasks, a .jsonl/.parquet, or hub:."),
     level: Optional[list[int]] = typer.Option(_UNSET, "--level", help="Only tasks of these levels."),
-    problems: Optional[str] = typer.Option(_UNSET, "--problems", help="Only these problem ids: 1,2,19 or 1-5."),
+    problems: Optional[list[str]] = typer.Option(_UNSET, "--problems", help="Only these problem ids: 1,2,19 or "
+                                                 "1-5."),
     name: Optional[list[str]] = typer.Option(_UNSET, "--name", help="Only tasks with these names (globs)."),
     model: Optional[str] = typer.Option(_UNSET, "--model", help="The served model's name, or hf:PATH (local)."),
     base_url: Optional[str] = typer.Option(_UNSET, "--base-url", help="OpenAI-compatible endpoint, e.g. .../v1"),
