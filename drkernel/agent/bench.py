@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import os
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -159,6 +160,9 @@ def load_usable_tasks(config: BenchConfig) -> tuple[list[Task], list[str]]:
         tasks = load_tasks(config.tasks)
     if not tasks:
         raise TaskLoadError("no task loads: " + "; ".join(problems) if problems else f"{config.tasks}: no tasks")
+    duplicates = sorted(key for key, count in Counter(task.key for task in tasks).items() if count > 1)
+    if duplicates:  # records are keyed by task: two tasks of one key would share trajectories
+        raise TaskLoadError(f"{config.tasks}: duplicate task {', '.join(duplicates)}")
     selected = select_tasks(tasks, levels=config.levels, ids=config.problems, names=config.names)
     return selected, problems
 
