@@ -19,7 +19,7 @@ def test_agent_section_compares_bench_with_the_scheduler(tmp_path, monkeypatch):
     spec = importlib.util.spec_from_file_location("gpu_bench", REPO / "benchmarks" / "gpu_bench.py")
     gpu_bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(gpu_bench)
-    monkeypatch.setenv("DRKERNEL_TRITON_CACHE", str(tmp_path / "cache"))  # the section sets fresh ones
+    monkeypatch.setenv("DRKERNEL_TRITON_CACHE", str(tmp_path / "cache"))  # restored afterwards: the section sets fresh caches in os.environ
     tasks = select_tasks(load_task_dir(REPO / "examples" / "tasks"), names=["1_vector_add", "2_relu"])
     candidates = tmp_path / "candidates"
     candidates.mkdir()

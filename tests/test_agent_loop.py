@@ -219,7 +219,8 @@ def invoke(args: list[str], **env_vars: str):
     return CliRunner().invoke(app, ["bench", "--device", "cpu", "--workers", "1", *args], env=env_vars)
 
 
-def test_bad_input_clear_messages_and_exit_codes(tmp_path, monkeypatch):
+@pytest.mark.slow
+def test_bad_input_clear_messages_and_exit_codes(tmp_path):
     tasks = str(REPO / "examples" / "tasks")
     no_code = ChatScript({"2_relu": ["no code"], "bad": ["no code"]})
     with ScriptedChatServer(no_code, api_key="right", model="scripted") as server:

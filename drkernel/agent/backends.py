@@ -176,6 +176,9 @@ class HFChatModel:
     """
 
     def __init__(self, path: str, device: str = "cpu") -> None:
+        if path.startswith(("/", ".", "~")) and not os.path.isdir(os.path.expanduser(path)):
+            raise ValueError(f"hf:{path}: no such folder (expected a model saved with save_pretrained)")
+        path = os.path.expanduser(path)
         transformers = require("transformers", "train", "running a local Hugging Face model")
         self.tokenizer = transformers.AutoTokenizer.from_pretrained(path)
         if self.tokenizer.chat_template is None:

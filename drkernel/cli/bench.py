@@ -121,8 +121,8 @@ def bench_command(
     except FatalGenerationError as exc:
         raise fail(f"the model cannot be used: {exc}. Turns recorded so far are kept in {out}; fix the cause "
                    f"and rerun with --resume.")
-    except (RuntimeError, ValueError, TaskLoadError) as exc:  # the evaluator could not start, a model that fails
-        raise fail(f"{exc}. Turns recorded so far are kept in {out}.")
+    except (RuntimeError, ValueError, OSError, TaskLoadError) as exc:  # no evaluator, or a local model that
+        raise fail(f"{exc}. Turns recorded so far are kept in {out}.")       # does not load
     Console().print(summary_table(summary))
     for cause in sorted(set(outcome.generation_errors)):
         err.print(f"[yellow]warning:[/yellow] a model request failed for good (the trajectory ended): {cause}")
