@@ -81,7 +81,7 @@ def _bench_sections(report: Report, bench: list[Run]) -> None:
     code_paths = [_write_code(report.out, i, r, b) for i, (r, b) in enumerate(zip(bench, bests))]
     report.tables += [
         levels_table(stats, report.published),
-        turns_table(curves),
+        turns_table(curves, report.published),
         outcomes_table(outs),
         tasks_table([r.turns_name for r in bench], bests, code_paths),
     ]

@@ -1,6 +1,6 @@
 """The report's tables: one Table type rendered as Markdown, CSV and HTML cells, and the builders of each table.
 
-Shares are shown in percent (CSV keeps full precision, Markdown and HTML one decimal); a number that does not
+Shares are shown in percent (CSV with 12 significant digits, Markdown and HTML with one decimal); a number that does not
 exist (no correct sample, a turn nobody reached, a published number not given) is empty in CSV and "-" elsewhere.
 """
 
@@ -68,7 +68,7 @@ class Table:
                 return value.href
             if value is None or (isinstance(value, float) and math.isnan(value)):
                 return ""
-            return repr(100 * value) if kind == "percent" else value
+            return f"{100 * value:.12g}" if kind == "percent" else value
 
         out = io.StringIO()
         writer = csv.writer(out, lineterminator="\n")
@@ -105,7 +105,7 @@ def levels_table(stats: list[LevelStats], published: list[Published]) -> Table:
     return table
 
 
-def turns_table(curves: list[TurnCurves]) -> Table:
+def turns_table(curves: list[TurnCurves], published: list[Published]) -> Table:
     columns, kinds = ["run", "turn", "reached", "correct (%)"], ["text", "int", "int", "percent"]
     for p in CURVE_P:
         columns += [f"{p_label(p)} of the turn (%)", f"{p_label(p)} last turn (%)", f"{p_label(p)} best of history (%)"]
@@ -119,6 +119,12 @@ def turns_table(curves: list[TurnCurves]) -> Table:
             row: list[Any] = [c.run, t + 1, c.reached[t], c.correct[t]]
             for p in CURVE_P:
                 row += [c.turn[p][t], c.last[p][t], c.best[p][t]]
+            table.rows.append(row)
+    for entry in published:
+        if any(entry.value(kind, p) is not None for kind in ("last", "best") for p in CURVE_P):
+            row = [entry.name, None, None, None]
+            for p in CURVE_P:
+                row += [None, entry.value("last", p), entry.value("best", p)]
             table.rows.append(row)
     return table
 
