@@ -31,10 +31,11 @@ from drkernel.rl import (
 )
 
 DATA = Path(__file__).resolve().parent / "data" / "report"
-RUNS = ["bench_gpu", "bench_cpu", "train_run"]
-NAMES = {"bench_gpu": "bench_gpu", "bench_cpu": "bench_cpu", "train_run": "train_run (validation, step 4)"}
-TRAJECTORY_FILES = {"bench_gpu": DATA / "bench_gpu", "bench_cpu": DATA / "bench_cpu",
-                    "train_run": DATA / "train_run" / "validation" / "step_4"}
+RUNS = ["bench_examples", "bench_gpu", "bench_cpu", "train_run"]
+NAMES = {"bench_examples": "bench_examples", "bench_gpu": "bench_gpu", "bench_cpu": "bench_cpu",
+         "train_run": "train_run (validation, step 4)"}
+TRAJECTORY_FILES = {"bench_examples": DATA / "bench_examples", "bench_gpu": DATA / "bench_gpu",
+                    "bench_cpu": DATA / "bench_cpu", "train_run": DATA / "train_run" / "validation" / "step_4"}
 NOT_MEASURED = "(published, not measured here)"
 
 
@@ -105,7 +106,8 @@ def test_level_table_matches_drkernel_rl(report: Path) -> None:
         groups: dict[str, list[dict]] = defaultdict(list)
         for r in last.values():
             groups["unknown" if r["level"] is None else str(r["level"])].append(r)
-        groups["all"] = list(last.values())
+        if len(groups) > 1:
+            groups["all"] = list(last.values())
         for level, members in groups.items():
             (row,) = [x for x in rows if x["run"] == NAMES[run] and x["level"] == level]
             speed = [math.nan if (m["result"] or {}).get("speedup") is None else m["result"]["speedup"] for m in members]
@@ -123,7 +125,7 @@ def test_level_table_matches_drkernel_rl(report: Path) -> None:
                 expected = (sum(pass_at_k(n[t], c[t], k) for t in n) / len(n)) if k <= min(n.values()) else math.nan
                 assert close(row[f"pass@{k} (%)"], 100 * expected)
             checked += 1
-    assert checked == 4 + 3 + 3  # bench_gpu has levels 1, 2, unknown and all
+    assert checked == 1 + 4 + 3 + 3  # bench_examples: unknown only; bench_gpu: levels 1, 2, unknown and all
     assert len(rows) == checked + 3  # and the paper's three Level 2 rows
 
 
@@ -185,9 +187,35 @@ def test_task_table_best_speedups_and_code_links(report: Path) -> None:
             assert float(row[f"{NAMES[run]}: best speedup"]) == top
             assert row[f"{NAMES[run]}: reached at"] == f"s{best['sample']}/t{best['turn']}"
             assert (report / row[f"{NAMES[run]}: best code"]).read_text() == best["code"]
-            worst = min((r for r in turns if r["code"] is not None), key=lambda r: r["reward"])
+            with_code = sorted((r for r in turns if r["code"] is not None), key=lambda r: (r["sample"], r["turn"]))
+            worst = min(with_code, key=lambda r: r["reward"])  # the earliest on ties
             assert (report / row[f"{NAMES[run]}: worst code"]).read_text() == worst["code"]
-    assert set(rows) == {"L1/1_matmul", "L1/2_relu", "L2/3_conv_bias", "L2/4_gemm_gelu", "misc_softmax"}
+    assert set(rows) == {"L1/1_matmul", "L1/2_relu", "L2/3_conv_bias", "L2/4_gemm_gelu", "misc_softmax",
+                         "1_vector_add", "2_relu", "3_softmax_rows", "4_matmul_small", "5_layernorm"}
+
+
+def test_real_bench_run_agrees_with_the_agent_loops_own_summary(report: Path) -> None:
+    """bench_examples was recorded by `drkernel bench` (tests/data/report/make_bench_examples.py); its
+    summary.json was computed by the agent loop's own code, independently of drkernel.report."""
+    summary = json.loads((DATA / "bench_examples" / "summary.json").read_text())
+    (level,) = [r for r in table(report, "levels") if r["run"] == "bench_examples"]
+    assert close(level["correct (%)"], 100 * summary["last_turn"]["correct"])
+    assert close(level["Fast@1 (%)"], 100 * summary["last_turn"]["fast_1"])
+    assert close(level["Fast@1.2 (%)"], 100 * summary["last_turn"]["fast_1_2"])
+    turns = [r for r in table(report, "turns") if r["run"] == "bench_examples"]
+    assert [int(r["reached"]) for r in turns] == summary["per_turn"]["trajectories"]
+    for t, row in enumerate(turns):
+        assert close(row["correct (%)"], 100 * summary["per_turn"]["correct"][t])
+        assert close(row["Fast@1 of the turn (%)"], 100 * summary["per_turn"]["fast_1"][t])
+        assert close(row["Fast@1.2 of the turn (%)"], 100 * summary["per_turn"]["fast_1_2"][t])
+    assert close(turns[-1]["Fast@1.2 best of history (%)"], 100 * summary["best_of_history"]["fast_1_2"])
+    statuses: Counter = Counter()
+    for row in (r for r in table(report, "outcomes") if r["run"] == "bench_examples"):
+        for key, value in row.items():
+            if key not in ("run", "turn") and value:
+                statuses[key.split(":")[0]] += int(value)
+    assert {k: v for k, v in statuses.items() if v} == summary["statuses"]
+    assert [r["level"] for r in table(report, "levels") if r["run"] == "bench_examples"] == ["unknown"]
 
 
 def test_published_numbers_are_labelled_and_extendable(report: Path, tmp_path: Path) -> None:
@@ -265,7 +293,9 @@ def test_figures_are_real_images_and_the_html_is_self_contained(report: Path) ->
         pixels = torch.from_numpy(matplotlib.image.imread(report / "figures" / f"{name}.png"))
         assert (pixels[..., :3] < 0.9).any(-1).double().mean() > 0.02, f"{name}.png is nearly blank"
     html = (report / "report.html").read_text()
-    assert not re.search(r"https?://", html)
+    # no resource fetched from the network (config.json's base_url may be shown as text)
+    assert not re.search(r"""(src|href)\s*=\s*["']?(https?:)?//|url\(|@import""", html)
+    assert "http://127.0.0.1" in html  # bench_examples' config, shown as text
     sources = re.findall(r'<img src="([^"]+)"', html)
     assert len(sources) == len(names)
     for source in sources:

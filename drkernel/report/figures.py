@@ -54,8 +54,8 @@ def _save(fig: Any, path: Path) -> Path:
 
 def levels_figure(stats: list[LevelStats], published: list[Published], path: Path) -> Path:
     """Grouped bars: Fast@1 and Fast@1.2 per level, one bar per run and per published entry (hatched)."""
-    levels = list(dict.fromkeys(s.level for s in stats))
-    levels += [str(e.level) for e in published if e.level is not None and str(e.level) not in levels]
+    levels = {s.level for s in stats} | {"all" if e.level is None else str(e.level) for e in published}
+    levels = sorted(levels, key=lambda lv: (0, int(lv)) if lv.isdigit() else (1 if lv == "unknown" else 2, 0))
     runs = list(dict.fromkeys(s.run for s in stats))
     shown = [e for e in published if any(e.value("level", p) is not None for p in CURVE_P)]
     bars = len(runs) + len(shown)
@@ -66,14 +66,16 @@ def levels_figure(stats: list[LevelStats], published: list[Published], path: Pat
         for i, run in enumerate(runs):
             values = {s.level: s.fast[p] for s in stats if s.run == run}
             xs = [x for x, lv in enumerate(levels) if lv in values]
-            ax.bar([x + (i - bars / 2 + 0.5) * width for x in xs], [100 * values[levels[x]] for x in xs], width,
-                   color=_color(i), label=run)
+            drawn = ax.bar([x + (i - bars / 2 + 0.5) * width for x in xs], [100 * values[levels[x]] for x in xs],
+                           width, color=_color(i), label=run)
+            ax.bar_label(drawn, fmt="%.1f", fontsize=6.5)
         for j, entry in enumerate(shown, len(runs)):
             value = entry.value("level", p)
             level = "all" if entry.level is None else str(entry.level)
             if value is not None and level in levels:
-                ax.bar(levels.index(level) + (j - bars / 2 + 0.5) * width, 100 * value, width, color="white",
-                       edgecolor=_color(j), hatch="//", label=f"{entry.label} ({NOT_MEASURED})")
+                drawn = ax.bar(levels.index(level) + (j - bars / 2 + 0.5) * width, 100 * value, width,
+                               color="white", edgecolor=_color(j), hatch="//", label=f"{entry.label} ({NOT_MEASURED})")
+                ax.bar_label(drawn, fmt="%.1f", fontsize=6.5)
         ax.set_xticks(range(len(levels)), [f"level {lv}" if lv not in ("all", "unknown") else lv for lv in levels])
         ax.set_title(f"{p_label(p)} (%), last turn")
         ax.grid(axis="y", alpha=0.3)
