@@ -268,10 +268,13 @@ def test_runs_still_being_written_and_bad_records(tmp_path: Path) -> None:
 def test_training_run_without_validation_draws_its_curves(tmp_path: Path) -> None:
     run_dir = tmp_path / "fresh_training"
     run_dir.mkdir()
-    shutil.copy(DATA / "train_run" / "metrics.jsonl", run_dir / "metrics.jsonl")
+    metrics = (DATA / "train_run" / "metrics.jsonl").read_text()
+    (run_dir / "metrics.jsonl").write_text(metrics + '{"step": 5, "reward_me')  # step 5 being written
     result = CliRunner().invoke(app, ["report", str(run_dir), "--out", str(tmp_path / "o")])
     assert result.exit_code == 0, result.output
     assert "no validation records yet: training curves only" in said(result)
+    assert "metrics.jsonl: skipped the partial last line 5" in said(result)
+    assert [step["step"] for step in read_run(run_dir).steps] == [1, 2, 3, 4]
     assert sorted(p.name for p in (tmp_path / "o" / "figures").iterdir()) == ["training.png"]
     assert list((tmp_path / "o" / "tables").iterdir()) == []
 

@@ -60,34 +60,40 @@ class Run:
 
 
 def read_run(path: str | Path) -> Run:
-    """A bench run (has trajectories.jsonl) or a training run (has metrics.jsonl; its newest validation step with
-    records gives the turns)."""
+    """A bench run (trajectories.jsonl) or a training run (metrics.jsonl, whose turns come from its newest
+    validation step with records); a folder with both is read as both."""
     folder = Path(path)
     if not folder.is_dir():
         raise RunReadError(f"{folder}: not a folder")
+    trained = (folder / METRICS).is_file()
     if (folder / TRAJECTORIES).is_file():
-        return _bench_run(folder, folder.name)
-    if not (folder / METRICS).is_file():
+        run = _bench_run(folder, folder.name)
+    elif trained:
+        run = _latest_validation(folder)
+    else:
         raise RunReadError(f"{folder}: neither {TRAJECTORIES} (a bench run) nor {METRICS} (a training run)")
-    rows, notes = read_jsonl(folder / METRICS)
-    steps = []
-    for line, row in rows:
-        if not isinstance(row.get("step"), int):
-            raise RunReadError(f"{folder / METRICS}:{line}: missing required field 'step' (an integer)")
-        steps.append(row)
+    if trained:
+        rows, notes = read_jsonl(folder / METRICS)
+        for line, row in rows:
+            if not isinstance(row.get("step"), int):
+                raise RunReadError(f"{folder / METRICS}:{line}: missing required field 'step' (an integer)")
+        run.steps, run.notes = [row for _, row in rows], run.notes + notes
+    return run
+
+
+def _latest_validation(folder: Path) -> Run:
     validations = sorted(
         (int(m.group(1)), d) for d in (folder / "validation").glob("step_*")
         if (m := re.fullmatch(r"step_(\d+)", d.name)) and (d / TRAJECTORIES).is_file()
     )
-    if validations:
-        step, latest = validations[-1]
-        run = _bench_run(latest, folder.name)
-        run.validation_step = step
-        run.notes.insert(0, f"tables and turn figures from the validation records of step {step} ({latest})")
-    else:
+    if not validations:
         run = Run(name=folder.name, path=folder, turns=[], config=_read_json(folder / "config.json") or {})
         run.notes.append("no validation records yet: training curves only")
-    run.path, run.steps, run.notes = folder, steps, run.notes + notes
+        return run
+    step, latest = validations[-1]
+    run = _bench_run(latest, folder.name)
+    run.path, run.validation_step = folder, step
+    run.notes.insert(0, f"tables and turn figures from the validation records of step {step} ({latest})")
     return run
 
 
