@@ -110,7 +110,8 @@ def test_level_table_matches_drkernel_rl(report: Path) -> None:
             groups["all"] = list(last.values())
         for level, members in groups.items():
             (row,) = [x for x in rows if x["run"] == NAMES[run] and x["level"] == level]
-            speed = [math.nan if (m["result"] or {}).get("speedup") is None else m["result"]["speedup"] for m in members]
+            speed = [math.nan if (m["result"] or {}).get("speedup") is None else m["result"]["speedup"]
+                     for m in members]
             ok = [bool((m["result"] or {}).get("correct")) for m in members]
             assert int(row["trajectories"]) == len(members)
             assert close(row["correct (%)"], 100 * sum(ok) / len(ok))
@@ -144,7 +145,8 @@ def test_turn_table_matches_drkernel_rl(report: Path) -> None:
                 assert close(row[f"Fast@{p} last turn (%)"], 100 * last)
                 assert close(row[f"Fast@{p} best of history (%)"], 100 * best[t].item())
                 assert int(row["reached"]) == int(reached[:, t].sum())
-                assert close(row["correct (%)"], 100 * (correct[:, t] & reached[:, t]).sum().item() / reached[:, t].sum().item())
+                share = (correct[:, t] & reached[:, t]).sum().item() / reached[:, t].sum().item()
+                assert close(row["correct (%)"], 100 * share)
     # the run still being written: two trajectories stopped at turn 2
     cpu = [r for r in rows if r["run"] == "bench_cpu"]
     assert [int(r["reached"]) for r in cpu] == [8, 8, 6]
@@ -183,7 +185,8 @@ def test_task_table_best_speedups_and_code_links(report: Path) -> None:
                 assert row[f"{NAMES[run]}: best speedup"] == "" and row[f"{NAMES[run]}: best code"] == ""
                 continue
             top = max(r["result"]["speedup"] for r in good)
-            best = next(r for r in sorted(good, key=lambda r: (r["sample"], r["turn"])) if r["result"]["speedup"] == top)
+            in_order = sorted(good, key=lambda r: (r["sample"], r["turn"]))
+            best = next(r for r in in_order if r["result"]["speedup"] == top)  # the earliest on ties
             assert float(row[f"{NAMES[run]}: best speedup"]) == top
             assert row[f"{NAMES[run]}: reached at"] == f"s{best['sample']}/t{best['turn']}"
             assert (report / row[f"{NAMES[run]}: best code"]).read_text() == best["code"]

@@ -4,6 +4,7 @@ report.html (figures inlined as data: URIs, code files beside it, no network nee
 from __future__ import annotations
 
 import base64
+import math
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -89,7 +90,7 @@ def _bench_sections(report: Report, bench: list[Run]) -> None:
     if interpreter:
         report.notes.append("Some timings come from Triton's interpreter on the CPU: their speedups, and so Fast@p "
                             "for p > 0, say nothing of GPU speed.")
-    thresholds = {lazy_threshold(r.config) for r in bench}
+    thresholds = {lazy_threshold(r.config) for r in bench}  # the lowest is drawn when runs differ
     folder = report.out / "figures"
     report.figures += [
         ("levels", "Fast@1 and Fast@1.2 per level (last turn of each trajectory)",
@@ -98,11 +99,13 @@ def _bench_sections(report: Report, bench: list[Run]) -> None:
          figures.turns_figure(curves, report.published, folder / "turns.png")),
         ("outcomes", "Outcomes per turn", figures.outcomes_figure(outs, folder / "outcomes.png")),
         ("speedups", "Speedups of correct turns",
-         figures.speedups_figure([(r.turns_name, [t.speedup for t in r.turns if t.correct and t.speedup == t.speedup])
-                                  for r in bench], interpreter, folder / "speedups.png")),
+         figures.speedups_figure(
+             [(r.turns_name, [t.speedup for t in r.turns if t.correct and not math.isnan(t.speedup)]) for r in bench],
+             interpreter, folder / "speedups.png")),
         ("coverage", "Coverage of the candidates' own kernels",
-         figures.coverage_figure([(r.turns_name, [t.coverage for t in r.turns if t.coverage == t.coverage]) for r in bench],
-                                 min(thresholds), folder / "coverage.png")),
+         figures.coverage_figure(
+             [(r.turns_name, [t.coverage for t in r.turns if not math.isnan(t.coverage)]) for r in bench],
+             min(thresholds), folder / "coverage.png")),
     ]
 
 
@@ -117,7 +120,7 @@ def _write_code(out: Path, index: int, run: Run, bests: dict[str, Any]) -> dict[
         for turn in (best.best, best.worst):
             if turn is None or turn.code is None or turn_key(turn) in paths:
                 continue
-            relative = Path("code") / f"{index}_{_slug(run.name)}" / _slug(turn.task) / f"s{turn.sample}_t{turn.turn}.py"
+            relative = Path("code", f"{index}_{_slug(run.name)}", _slug(turn.task), f"s{turn.sample}_t{turn.turn}.py")
             (out / relative).parent.mkdir(parents=True, exist_ok=True)
             (out / relative).write_text(turn.code)
             paths[turn_key(turn)] = relative.as_posix()
@@ -164,7 +167,7 @@ def _html(report: Report) -> str:
         "steps": len(run.steps), "notes": run.notes, "config": _scalars(run.config), "summary": _scalars(run.summary),
     } for run in report.runs]
     return env.get_template("report.html.j2").render(
-        report=report, runs=runs, images=images,
+        report=report, runs=runs, images=images, tables={table.name: table for table in report.tables},
         generated=datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
     )
 

@@ -190,41 +190,44 @@ def coverage_figure(coverages: Sequence[tuple[str, list[float]]], threshold: flo
     return _save(fig, path)
 
 
+# (title, where the keys are: the step or its "validation" object, shown in percent, (key, line style) ...)
 TRAINING_PANELS = (
-    ("reward", (("reward_mean", "-"),)),
-    ("validation (%)", (("fast_1", "-"), ("fast_1_2", "--"), ("correct", ":"))),
-    ("hacked and lazy shares (%)", (("hacked_share", "-"), ("lazy_share", "--"))),
-    ("kept fractions (%)", (("kept_mrs", "-"), ("kept_prs", "--"), ("kept_void_turn", ":"))),
+    ("reward", "step", False, (("reward_mean", "-"),)),
+    ("validation (%)", "validation", True, (("fast_1", "-"), ("fast_1_2", "--"), ("correct", ":"))),
+    ("hacked and lazy shares (%)", "step", True, (("hacked_share", "-"), ("lazy_share", "--"))),
+    ("kept fractions (%)", "step", True, (("kept_mrs", "-"), ("kept_prs", "--"), ("kept_void_turn", ":"))),
 )
 
 
 def training_figure(runs: Sequence[tuple[str, list[dict[str, Any]]]], path: Path) -> Path:
     """Training runs over optimizer steps: reward (mean +- std), validation Fast@1/Fast@1.2, hacked and lazy
-    shares, and the fractions of turns kept by MRS, PRS and the void-turn rule."""
+    shares, and the fractions of turns kept by MRS, PRS and the void-turn rule. Keys a run lacks are left out."""
     fig = _figure(11.0, 7.0)
     axes = fig.subplots(2, 2).ravel()
-    for ax, (title, series) in zip(axes, TRAINING_PANELS):
+    for ax, (title, where, percent, series) in zip(axes, TRAINING_PANELS):
         for i, (run, steps) in enumerate(runs):
+            rows = [(s["step"], s if where == "step" else s.get("validation")) for s in steps]
+            rows = [(step, values) for step, values in rows if isinstance(values, dict)]
             for key, style in series:
-                rows = steps if title != "validation (%)" else [s for s in steps if isinstance(s.get("validation"), dict)]
-                points = [(s["step"], _value(s, key, title)) for s in rows]
-                points = [(x, y) for x, y in points if y is not None]
+                points = [(step, values[key]) for step, values in rows if _finite(values.get(key))]
                 if not points:
                     continue
                 xs, ys = zip(*points)
-                ax.plot(xs, ys, style, marker="o" if title == "validation (%)" else None, markersize=3,
-                        color=_color(i), label=f"{run}: {key}")
+                ax.plot(xs, [100 * y if percent else y for y in ys], style, marker="o" if where != "step" else None,
+                        markersize=3, color=_color(i), label=f"{run}: {key}")
                 if key == "reward_mean":
-                    spread = [(s["step"], s["reward_mean"], s.get("reward_std")) for s in rows
-                              if _finite(s.get("reward_mean")) and _finite(s.get("reward_std"))]
-                    if spread:
-                        sx, mean, std = zip(*spread)
-                        ax.fill_between(sx, [m - d for m, d in zip(mean, std)], [m + d for m, d in zip(mean, std)],
+                    band = [(step, v[key], v["reward_std"]) for step, v in rows
+                            if _finite(v.get(key)) and _finite(v.get("reward_std"))]
+                    if band:
+                        bx, mean, std = zip(*band)
+                        ax.fill_between(bx, [m - d for m, d in zip(mean, std)], [m + d for m, d in zip(mean, std)],
                                         color=_color(i), alpha=0.15)
         ax.set_title(title)
         ax.set_xlabel("step")
         ax.xaxis.set_major_locator(_integers())
         ax.grid(alpha=0.3)
+        if percent:
+            ax.set_ylim(0, 102)
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize="x-small")
         else:
@@ -233,11 +236,4 @@ def training_figure(runs: Sequence[tuple[str, list[dict[str, Any]]]], path: Path
 
 
 def _finite(value: Any) -> bool:
-    return isinstance(value, (int, float)) and math.isfinite(value)
-
-
-def _value(step: dict[str, Any], key: str, panel: str) -> float | None:
-    value = (step["validation"] if panel == "validation (%)" else step).get(key)
-    if not _finite(value):
-        return None
-    return 100 * value if "%" in panel else float(value)
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)

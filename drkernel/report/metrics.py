@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from drkernel.report.runs import Run, Turn
+from drkernel.report.runs import Turn
 from drkernel.rl.metrics import (
     fast_p,
     fast_p_best_of_history,
@@ -45,7 +45,7 @@ def fast_at(speedups: Any, correct: Any, p: float) -> float:
 
 @dataclass
 class Trajectories:
-    """A run's turns as [N, T] arrays, one row per (task, sample), rows sorted by (level, task, sample)."""
+    """A run's (non-empty) turns as [N, T] arrays, one row per (task, sample), sorted by (level, task, sample)."""
 
     keys: list[tuple[str, int]]
     levels: list[int | None]
@@ -67,8 +67,7 @@ class Trajectories:
         correct = torch.tensor([[bool(c and c.correct) for c in row] for row in cells], dtype=torch.bool)
         reached = torch.tensor([[c is not None for c in row] for row in cells], dtype=torch.bool)
         levels = [next(c.level for c in row if c) for row in cells]
-        return cls(keys, levels, cells, speedup.reshape(len(keys), width), correct.reshape(len(keys), width),
-                   reached.reshape(len(keys), width))
+        return cls(keys, levels, cells, speedup, correct, reached)
 
     def last(self) -> list[Turn]:
         """Each trajectory's last recorded turn."""
@@ -125,8 +124,7 @@ def level_stats(run: str, traj: Trajectories) -> list[LevelStats]:
 
 def pass_ks(samples: int) -> list[int]:
     """The k of pass@k that every task's sample count allows: 1, 2, 4, ... and the count itself."""
-    ks = {k for k in (2**i for i in range(samples.bit_length())) if k <= samples} | {samples}
-    return sorted(k for k in ks if k >= 1)
+    return sorted({2**i for i in range(samples.bit_length())} | {samples})
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """The report's tables: one Table type rendered as Markdown, CSV and HTML cells, and the builders of each table.
 
-Shares are shown in percent (CSV with 12 significant digits, Markdown and HTML with one decimal); a number that does not
-exist (no correct sample, a turn nobody reached, a published number not given) is empty in CSV and "-" elsewhere.
+Shares are shown in percent (CSV with 12 significant digits, Markdown and HTML with one decimal); a number that does
+not exist (no correct sample, a turn nobody reached, a published number not given) is empty in CSV, "-" elsewhere.
 """
 
 from __future__ import annotations
@@ -39,8 +39,8 @@ class Table:
     caption: str = ""
 
     def cell(self, value: Any, kind: str) -> str | Link:
-        if isinstance(value, Link) or kind == "text":
-            return value if isinstance(value, Link) else ("-" if value is None else str(value))
+        if isinstance(value, Link):
+            return value
         if value is None or (isinstance(value, float) and math.isnan(value)):
             return "-"
         if kind == "percent":
@@ -60,7 +60,7 @@ class Table:
         lines = [f"### {self.title}", "", "| " + " | ".join(self.columns) + " |",
                  "|" + "|".join("---" if k == "text" else "---:" for k in self.kinds) + "|"]
         lines += ["| " + " | ".join(text(c) for c in row) + " |" for row in self.shown()]
-        return "\n".join(lines + ([f"", self.caption] if self.caption else [])) + "\n"
+        return "\n".join(lines + (["", self.caption] if self.caption else [])) + "\n"
 
     def csv(self) -> str:
         def raw(value: Any, kind: str) -> Any:
@@ -161,12 +161,12 @@ def tasks_table(runs: list[str], bests: list[dict[str, TaskBest]], code_paths: l
             entry = b.get(task)
             best = entry.best if entry else None
             worst = entry.worst if entry else None
-
-            def link(turn: Turn | None) -> Link | None:
-                path = paths.get(turn_key(turn)) if turn else None
-                return Link("code", path) if path else None
-
             row += [best.speedup if best else None, f"s{best.sample}/t{best.turn}" if best else None,
-                    link(best), link(worst)]
+                    _code_link(paths, best), _code_link(paths, worst)]
         table.rows.append(row)
     return table
+
+
+def _code_link(paths: dict[TurnKey, str], turn: Turn | None) -> Link | None:
+    path = paths.get(turn_key(turn)) if turn else None
+    return Link("code", path) if path else None
