@@ -2,8 +2,7 @@
 the CPU interpreter) over examples/tasks, 2 samples x 3 turns, the model replaced by the agent's scripted chat
 server answering with the example candidates (formats errors, compile errors, wrong, hacked, correct).
 
-Needs drkernel.agent (branch `agent`) on the path:
-    PYTHONPATH=PATH_TO_A_CHECKOUT_WITH_DRKERNEL_AGENT python tests/data/report/make_bench_examples.py
+    PYTHONPATH=. python tests/data/report/make_bench_examples.py      (about a minute on 2 CPU cores)
 """
 
 from __future__ import annotations
