@@ -65,6 +65,8 @@ def write_report(run_dirs: Sequence[str | Path], out: str | Path, published_file
     if trained:
         path = figures.training_figure(trained, report.out / "figures" / "training.png")
         report.figures.append(("training", "Training runs over optimizer steps", path))
+    if not bench and not trained:
+        report.notes.append("No run has a judged turn or a training step yet: nothing to tabulate.")
     for table in report.tables:
         (report.out / "tables" / f"{table.name}.md").write_text(table.markdown())
         (report.out / "tables" / f"{table.name}.csv").write_text(table.csv())

@@ -97,9 +97,10 @@ def turns_figure(curves: list[TurnCurves], published: list[Published], path: Pat
     for ax, p in zip(axes, CURVE_P):
         for i, c in enumerate(curves):
             turns = range(1, len(c.reached) + 1)
-            ax.plot(turns, [100 * v for v in c.turn[p]], "-o", color=_color(i), label=f"{c.run}: of the turn")
-            ax.plot(turns, [100 * v for v in c.last[p]], "--s", color=_color(i), label=f"{c.run}: last turn")
-            ax.plot(turns, [100 * v for v in c.best[p]], ":^", color=_color(i), label=f"{c.run}: best of history")
+            for values, style, name in ((c.turn, "-o", "of the turn"), (c.last, "--s", "last turn"),
+                                        (c.best, ":^", "best of history")):
+                ax.plot(turns, [100 * v for v in values[p]], style, color=_color(i), label=f"{c.run}: {name}",
+                        clip_on=False)  # markers at 0 % stay whole
         for entry in published:
             for kind, style in (("last", "--"), ("best", ":")):
                 value = entry.value(kind, p)
@@ -111,6 +112,7 @@ def turns_figure(curves: list[TurnCurves], published: list[Published], path: Pat
         ax.set_xticks(range(1, width + 1))
         ax.set_xlabel("turn")
         ax.set_title(f"{p_label(p)} (%)")
+        ax.set_ylim(0, max(10.0, ax.get_ylim()[1]))
         ax.grid(alpha=0.3)
     axes[0].set_ylabel("% of trajectories")
     handles, labels = axes[0].get_legend_handles_labels()
