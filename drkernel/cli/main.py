@@ -108,8 +108,10 @@ def feedback_command(result_file: Path = typer.Argument(..., help="A JSON result
             print(render(data.get("result", data)), end="\n\n")
 
 
-from drkernel.cli.serve import serve_command  # noqa: E402  (after `app`, `err` and `fail`, which it uses)
+from drkernel.cli.report import report_command  # noqa: E402  (after `app`, `err` and `fail`, which they use)
+from drkernel.cli.serve import serve_command  # noqa: E402
 
+app.command("report")(report_command)
 app.command("serve")(serve_command)
 
 from drkernel.cli.bench import bench_command, export_sft_command  # noqa: E402  (after `app`, `err` and `fail`, which it uses)

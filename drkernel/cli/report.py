@@ -1,0 +1,38 @@
+"""`drkernel report RUN_DIR ... --out DIR`: tables, figures and a self-contained HTML page of runs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.markup import escape
+
+
+def report_command(
+    run_dirs: list[Path] = typer.Argument(..., help="Run folders: bench runs (trajectories.jsonl) or training runs "
+                                                    "(metrics.jsonl, validation/step_N/)."),
+    out: Path = typer.Option(..., "--out", "-o", help="Folder to write report.html, report.md, figures/, tables/."),
+    published: Optional[list[Path]] = typer.Option(
+        None, "--published", help="More published numbers (JSON or YAML, see docs/report.md); repeatable."),
+    no_paper: bool = typer.Option(False, "--no-paper", help="Leave out the Dr. Kernel paper's published numbers."),
+) -> None:
+    """Report runs (still going or finished) side by side with published numbers."""
+    from drkernel.cli.main import err, fail
+    from drkernel.report import write_report
+    from drkernel.report.published import PublishedError
+    from drkernel.report.runs import RunReadError
+    from drkernel.tasks import TaskLoadError
+
+    try:
+        report = write_report(run_dirs, out, published or [], paper=not no_paper)
+    except (RunReadError, PublishedError, TaskLoadError) as exc:
+        raise fail(escape(str(exc)))
+    except OSError as exc:
+        raise fail(escape(f"cannot write the report under {out}: {exc}"))
+    for run in report.runs:
+        for note in run.notes:
+            err.print(escape(f"{run.name}: {note}"))
+    for note in report.notes:
+        err.print(escape(note))
+    print(report.html)

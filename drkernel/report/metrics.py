@@ -1,0 +1,213 @@
+"""The numbers of a report, computed from a run's turns with drkernel.rl's metrics (definitions: docs/report.md).
+
+A trajectory is one (task, sample) pair; its turns form one row of [N, T] arrays. The level table judges each
+trajectory by its last recorded turn, over ALL trajectories: an incorrect, hacked or unparsable answer is simply not
+fast. Levels come from the records (None is "unknown").
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from drkernel.report.runs import Turn
+from drkernel.rl.metrics import (
+    fast_p,
+    fast_p_best_of_history,
+    fast_p_last_turn,
+    fast_p_per_turn,
+    geometric_mean_speedup,
+    pass_at_k,
+)
+from drkernel.schema import EvalOptions
+
+FAST_P = (0.0, 1.0, 1.2, 1.5, 2.0)  # the level table's thresholds
+CURVE_P = (1.0, 1.2)  # the per-turn curves' thresholds
+OUTCOME_ORDER = (
+    "correct", "incorrect", "compile_error", "runtime_error", "timeout", "crashed", "invalid", "format_error",
+    "generation_error",
+)
+
+
+def fast_at(speedups: Any, correct: Any, p: float) -> float:
+    """Fast@p over all samples; Fast@0 is the correct rate (older drkernel.rl.fast_p accepts only p > 0)."""
+    try:
+        return fast_p(speedups, correct, p)
+    except ValueError:
+        if p != 0:
+            raise
+        return torch.as_tensor(correct, dtype=torch.bool).double().mean().item()
+
+
+@dataclass
+class Trajectories:
+    """A run's (non-empty) turns as [N, T] arrays, one row per (task, sample), sorted by (level, task, sample)."""
+
+    keys: list[tuple[str, int]]
+    levels: list[int | None]
+    cells: list[list[Turn | None]]  # [N][T]
+    speedup: torch.Tensor  # float64 [N, T], NaN where not measured or not reached
+    correct: torch.Tensor  # bool [N, T]
+    reached: torch.Tensor  # bool [N, T]: the turn is recorded
+
+    @classmethod
+    def of(cls, turns: list[Turn]) -> Trajectories:
+        levels_of = {t.task: t.level for t in turns}
+        keys = sorted({(t.task, t.sample) for t in turns}, key=lambda k: (_level_order(levels_of[k[0]]), k))
+        index = {key: i for i, key in enumerate(keys)}
+        width = max((t.turn for t in turns), default=0)
+        cells: list[list[Turn | None]] = [[None] * width for _ in keys]
+        for t in turns:
+            cells[index[(t.task, t.sample)]][t.turn - 1] = t
+        speedup = torch.tensor([[c.speedup if c else math.nan for c in row] for row in cells], dtype=torch.float64)
+        correct = torch.tensor([[bool(c and c.correct) for c in row] for row in cells], dtype=torch.bool)
+        reached = torch.tensor([[c is not None for c in row] for row in cells], dtype=torch.bool)
+        levels = [next(c.level for c in row if c) for row in cells]
+        return cls(keys, levels, cells, speedup, correct, reached)
+
+    def last(self) -> list[Turn]:
+        """Each trajectory's last recorded turn."""
+        return [[c for c in row if c][-1] for row in self.cells]
+
+
+def _level_order(level: int | None) -> tuple[int, int]:
+    return (1, 0) if level is None else (0, level)
+
+
+def level_name(level: int | None) -> str:
+    return "unknown" if level is None else str(level)
+
+
+@dataclass(frozen=True)
+class LevelStats:
+    run: str
+    level: str  # "1", "2", ..., "unknown", or "all"
+    tasks: int
+    trajectories: int
+    correct: float
+    fast: dict[float, float]  # p -> Fast@p of the last turns
+    geomean_speedup: float  # of the correct last turns; NaN when none
+    pass_at: dict[int, float]  # k -> mean over tasks of unbiased pass@k of the last turns
+
+
+def level_stats(run: str, traj: Trajectories) -> list[LevelStats]:
+    """One row per level (in order, "unknown" last) and one for all levels."""
+    last = traj.last()
+    groups: dict[str, list[int]] = {}
+    for i, level in enumerate(traj.levels):
+        groups.setdefault(level_name(level), []).append(i)
+    if len(groups) > 1:
+        groups["all"] = list(range(len(last)))
+    rows = []
+    for name, members in groups.items():
+        chosen = [last[i] for i in members]
+        speedups = [t.speedup for t in chosen]
+        correct = [t.correct for t in chosen]
+        per_task = Counter(t.task for t in chosen)
+        solved = Counter(t.task for t in chosen if t.correct)
+        n = torch.tensor([per_task[task] for task in per_task])
+        c = torch.tensor([solved[task] for task in per_task])
+        ks = pass_ks(int(n.min()))
+        rows.append(LevelStats(
+            run=run, level=name, tasks=len(per_task), trajectories=len(chosen),
+            correct=sum(correct) / len(chosen),
+            fast={p: fast_at(speedups, correct, p) for p in FAST_P},
+            geomean_speedup=geometric_mean_speedup(speedups, correct),
+            pass_at={k: pass_at_k(n, c, k).mean().item() for k in ks},
+        ))
+    return rows
+
+
+def pass_ks(samples: int) -> list[int]:
+    """The k of pass@k that every task's sample count allows: 1, 2, 4, ... and the count itself."""
+    return sorted({2**i for i in range(samples.bit_length())} | {samples})
+
+
+@dataclass(frozen=True)
+class TurnCurves:
+    """Per turn t = 1..T: Fast@p of turn t among the trajectories that reached it, of the last turn with a budget
+    of t turns (over all trajectories), and best of history up to t (over all trajectories)."""
+
+    run: str
+    reached: list[int]
+    correct: list[float]  # correct rate of turn t among the trajectories that reached it
+    turn: dict[float, list[float]]
+    last: dict[float, list[float]]
+    best: dict[float, list[float]]
+
+
+def turn_curves(run: str, traj: Trajectories) -> TurnCurves:
+    s, ok, reached = traj.speedup, traj.correct, traj.reached
+    width = s.shape[1]
+    return TurnCurves(
+        run=run,
+        reached=reached.sum(0).tolist(),
+        correct=((ok & reached).sum(0).double() / reached.sum(0).double()).tolist(),
+        turn={p: fast_p_per_turn(s, ok, p, reached).tolist() for p in CURVE_P},
+        last={p: [fast_p_last_turn(s[:, :t], ok[:, :t], p, reached[:, :t]) for t in range(1, width + 1)]
+              for p in CURVE_P},
+        best={p: fast_p_best_of_history(s, ok, p, reached).tolist() for p in CURVE_P},
+    )
+
+
+def outcome(turn: Turn) -> str:
+    """The turn's outcome category: its status, with hacked split by its first hack reason."""
+    if turn.status == "hacked":
+        return f"hacked: {turn.hack_reasons[0] if turn.hack_reasons else 'no reason given'}"
+    return turn.status
+
+
+@dataclass(frozen=True)
+class Outcomes:
+    run: str
+    categories: list[str]  # every category seen, in a fixed order (hacked ones by reason, last)
+    counts: list[dict[str, int]]  # per turn: category -> number of trajectories
+
+
+def outcomes(run: str, traj: Trajectories) -> Outcomes:
+    counts = [Counter(outcome(c) for c in column if c) for column in zip(*traj.cells)]
+    seen = set().union(*counts) if counts else set()
+    order = [c for c in OUTCOME_ORDER if c in seen]
+    order += sorted(c for c in seen if c not in OUTCOME_ORDER and not c.startswith("hacked"))
+    order += sorted(c for c in seen if c.startswith("hacked"))
+    return Outcomes(run, order, [dict(c) for c in counts])
+
+
+@dataclass(frozen=True)
+class TaskBest:
+    task: str
+    level: int | None
+    best: Turn | None  # the correct turn with the highest speedup (earliest on ties); None when none is correct
+    worst: Turn | None  # the turn with code and the lowest reward (earliest on ties)
+
+
+def task_bests(traj: Trajectories) -> dict[str, TaskBest]:
+    by_task: dict[str, list[Turn]] = {}
+    for row in traj.cells:
+        for cell in row:
+            if cell:
+                by_task.setdefault(cell.task, []).append(cell)
+    result = {}
+    for task, turns in by_task.items():
+        turns.sort(key=lambda t: (t.sample, t.turn))
+        correct = [t for t in turns if t.correct]
+        best = max(correct, key=lambda t: -math.inf if math.isnan(t.speedup) else t.speedup, default=None)
+        worst = min((t for t in turns if t.code is not None), key=lambda t: t.reward, default=None)
+        result[task] = TaskBest(task, turns[0].level, best, worst)
+    return result
+
+
+def lazy_threshold(config: dict[str, Any]) -> float:
+    """The coverage below which a correct kernel is lazy: the run's min_coverage option, else the default."""
+    stack: list[Any] = [config]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            if isinstance(item.get("min_coverage"), (int, float)):
+                return float(item["min_coverage"])
+            stack.extend(item.values())
+    return EvalOptions().min_coverage

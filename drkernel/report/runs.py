@@ -1,0 +1,199 @@
+"""Reading run directories: a bench run's trajectories.jsonl (with config.json and summary.json) and a training
+run's metrics.jsonl with the bench runs of its validation steps (validation/step_N/).
+
+The records are read as plain dicts against the agent contract (docs/report.md), so extra fields written by a newer
+loop do no harm. A run may still be going while it is read: a last line without its newline is skipped with a note,
+and a missing summary.json is noted, never an error.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+TRAJECTORIES = "trajectories.jsonl"
+METRICS = "metrics.jsonl"
+REQUIRED_FIELDS = ("task", "level", "sample", "turn", "status", "result", "reward", "code")
+
+
+class RunReadError(ValueError):
+    """A run directory or one of its files cannot be used; the message names the file and the line."""
+
+
+@dataclass(frozen=True)
+class Turn:
+    """One judged turn, reduced to what the report uses."""
+
+    task: str
+    level: int | None
+    sample: int
+    turn: int
+    status: str  # the result's status, "format_error" or "generation_error"
+    correct: bool
+    speedup: float  # NaN when not measured
+    coverage: float  # NaN when not measured meaningfully (no GPU)
+    hack_reasons: tuple[str, ...]
+    reward: float
+    code: str | None
+    interpreter: bool  # timed under Triton's interpreter: the speedup says nothing of GPU speed
+
+
+@dataclass
+class Run:
+    name: str
+    path: Path
+    turns: list[Turn]
+    config: dict[str, Any] = field(default_factory=dict)
+    summary: dict[str, Any] | None = None
+    steps: list[dict[str, Any]] = field(default_factory=list)  # a training run's metrics.jsonl
+    notes: list[str] = field(default_factory=list)
+    validation_step: int | None = None  # a training run's turns come from this validation step
+
+    @property
+    def turns_name(self) -> str:
+        """The name of the turns' rows and lines: a training run's says which validation step they come from."""
+        return self.name if self.validation_step is None else f"{self.name} (validation, step {self.validation_step})"
+
+
+def read_run(path: str | Path) -> Run:
+    """A bench run (trajectories.jsonl) or a training run (metrics.jsonl, whose turns come from its newest
+    validation step with records); a folder with both is read as both."""
+    folder = Path(path)
+    if not folder.is_dir():
+        raise RunReadError(f"{folder}: not a folder")
+    trained = (folder / METRICS).is_file()
+    if (folder / TRAJECTORIES).is_file():
+        run = _bench_run(folder, folder.name)
+    elif trained:
+        run = _latest_validation(folder)
+    else:
+        raise RunReadError(f"{folder}: neither {TRAJECTORIES} (a bench run) nor {METRICS} (a training run)")
+    if trained:
+        rows, notes = read_jsonl(folder / METRICS)
+        for line, row in rows:
+            if not isinstance(row.get("step"), int):
+                raise RunReadError(f"{folder / METRICS}:{line}: missing required field 'step' (an integer)")
+        run.steps, run.notes = [row for _, row in rows], run.notes + notes
+    return run
+
+
+def _latest_validation(folder: Path) -> Run:
+    validations = sorted(
+        (int(m.group(1)), d) for d in (folder / "validation").glob("step_*")
+        if (m := re.fullmatch(r"step_(\d+)", d.name)) and (d / TRAJECTORIES).is_file()
+    )
+    if not validations:
+        run = Run(name=folder.name, path=folder, turns=[], config=_read_json(folder / "config.json") or {})
+        run.notes.append("no validation records yet: training curves only")
+        return run
+    step, latest = validations[-1]
+    run = _bench_run(latest, folder.name)
+    run.path, run.validation_step = folder, step
+    run.notes.insert(0, f"tables and turn figures from the validation records of step {step} ({latest})")
+    return run
+
+
+def _bench_run(folder: Path, name: str) -> Run:
+    rows, notes = read_jsonl(folder / TRAJECTORIES)
+    turns = [_turn(row, folder / TRAJECTORIES, line) for line, row in rows]
+    seen: dict[tuple[str, int, int], int] = {}
+    for (line, _), turn in zip(rows, turns):
+        key = (turn.task, turn.sample, turn.turn)
+        if key in seen:
+            raise RunReadError(
+                f"{folder / TRAJECTORIES}:{line}: task {turn.task!r} sample {turn.sample} turn {turn.turn} "
+                f"was already recorded on line {seen[key]}"
+            )
+        seen[key] = line
+    summary = _read_json(folder / "summary.json")
+    if summary is None:
+        notes.append("no summary.json: the run may still be going")
+    return Run(name, folder, turns, _read_json(folder / "config.json") or {}, summary, notes=notes)
+
+
+def read_jsonl(path: Path) -> tuple[list[tuple[int, dict[str, Any]]], list[str]]:
+    """(1-based line number, object) of each non-empty line, and notes; a partial last line is skipped."""
+    try:
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise RunReadError(f"cannot read {path}: {exc}") from exc
+    lines = text.split("\n")
+    rows, notes = [], []
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as exc:
+            if number == len(lines):  # no newline after it: still being written
+                notes.append(f"{path.name}: skipped the partial last line {number} (the run is still being written)")
+                continue
+            raise RunReadError(f"{path}:{number}: not JSON: {exc}") from exc
+        if not isinstance(row, dict):
+            raise RunReadError(f"{path}:{number}: expected a JSON object, not {type(row).__name__}")
+        rows.append((number, row))
+    return rows, notes
+
+
+def _read_json(path: Path) -> dict[str, Any] | None:
+    if not path.is_file():
+        return None
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise RunReadError(f"cannot read {path}: {exc}") from exc
+    if not isinstance(data, dict):
+        raise RunReadError(f"{path}: expected a JSON object, not {type(data).__name__}")
+    return data
+
+
+def _turn(row: dict[str, Any], path: Path, line: int) -> Turn:
+    missing = [name for name in REQUIRED_FIELDS if name not in row]
+    if missing:
+        raise RunReadError(f"{path}:{line}: missing required field(s) {', '.join(map(repr, missing))}")
+
+    def bad(name: str, expected: str) -> RunReadError:
+        return RunReadError(f"{path}:{line}: field {name!r} must be {expected}, not {row[name]!r}")
+
+    if not isinstance(row["task"], str) or not row["task"]:
+        raise bad("task", "a non-empty string")
+    if row["level"] is not None and (not isinstance(row["level"], int) or isinstance(row["level"], bool)):
+        raise bad("level", "an integer or null")
+    if not isinstance(row["sample"], int) or row["sample"] < 0:
+        raise bad("sample", "an integer >= 0")
+    if not isinstance(row["turn"], int) or row["turn"] < 1:
+        raise bad("turn", "an integer >= 1")
+    if not isinstance(row["status"], str):
+        raise bad("status", "a string")
+    if not isinstance(row["reward"], (int, float)):
+        raise bad("reward", "a number")
+    if row["code"] is not None and not isinstance(row["code"], str):
+        raise bad("code", "a string or null")
+    result = row["result"]
+    if result is not None and not isinstance(result, dict):
+        raise bad("result", "an EvalResult object or null")
+    result = result or {}
+    profile = result.get("profile") or {}
+    coverage = profile.get("coverage") if profile.get("meaningful") else None
+    return Turn(
+        task=row["task"],
+        level=row["level"],
+        sample=row["sample"],
+        turn=row["turn"],
+        status=row["status"],
+        correct=bool(result.get("correct", False)),
+        speedup=_number(result.get("speedup")),
+        coverage=_number(coverage),
+        hack_reasons=tuple(result.get("hack_reasons") or ()),
+        reward=float(row["reward"]),
+        code=row["code"],
+        interpreter=bool((result.get("environment") or {}).get("interpreter", False)),
+    )
+
+
+def _number(value: Any) -> float:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else math.nan

@@ -1,0 +1,172 @@
+"""The report's tables: one Table type rendered as Markdown, CSV and HTML cells, and the builders of each table.
+
+Shares are shown in percent (CSV with 12 significant digits, Markdown and HTML with one decimal); a number that does
+not exist (no correct sample, a turn nobody reached, a published number not given) is empty in CSV, "-" elsewhere.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from drkernel.report.metrics import CURVE_P, FAST_P, LevelStats, Outcomes, TaskBest, TurnCurves
+from drkernel.report.published import Published
+from drkernel.report.runs import Turn
+
+TurnKey = tuple[str, int, int]
+
+
+def turn_key(turn: Turn) -> TurnKey:
+    return (turn.task, turn.sample, turn.turn)
+
+
+@dataclass(frozen=True)
+class Link:
+    text: str
+    href: str
+
+
+@dataclass
+class Table:
+    name: str  # file stem of its .md and .csv
+    title: str
+    columns: list[str]
+    kinds: list[str]  # per column: "text", "int", "percent" (a share, shown x100), "speedup"
+    rows: list[list[Any]] = field(default_factory=list)
+    caption: str = ""
+
+    def cell(self, value: Any, kind: str) -> str | Link:
+        if isinstance(value, Link):
+            return value
+        if value is None or (isinstance(value, float) and math.isnan(value)):
+            return "-"
+        if kind == "percent":
+            return f"{100 * value:.1f}"
+        if kind == "speedup":
+            return f"{value:.3g}x"
+        return str(value)
+
+    def shown(self) -> list[list[str | Link]]:
+        return [[self.cell(v, k) for v, k in zip(row, self.kinds)] for row in self.rows]
+
+    def markdown(self) -> str:
+        def text(cell: str | Link) -> str:
+            shown = f"[{cell.text}]({cell.href})" if isinstance(cell, Link) else cell
+            return shown.replace("|", "\\|")
+
+        lines = [f"### {self.title}", "", "| " + " | ".join(self.columns) + " |",
+                 "|" + "|".join("---" if k == "text" else "---:" for k in self.kinds) + "|"]
+        lines += ["| " + " | ".join(text(c) for c in row) + " |" for row in self.shown()]
+        return "\n".join(lines + (["", self.caption] if self.caption else [])) + "\n"
+
+    def csv(self) -> str:
+        def raw(value: Any, kind: str) -> Any:
+            if isinstance(value, Link):
+                return value.href
+            if value is None or (isinstance(value, float) and math.isnan(value)):
+                return ""
+            return f"{100 * value:.12g}" if kind == "percent" else value
+
+        out = io.StringIO()
+        writer = csv.writer(out, lineterminator="\n")
+        writer.writerow(self.columns)
+        writer.writerows([raw(v, k) for v, k in zip(row, self.kinds)] for row in self.rows)
+        return out.getvalue()
+
+
+def p_label(p: float) -> str:
+    return f"Fast@{p:g}"
+
+
+def levels_table(stats: list[LevelStats], published: list[Published]) -> Table:
+    ks = sorted({k for s in stats for k in s.pass_at})
+    table = Table(
+        "levels", "Per level: last turn of each trajectory",
+        ["run", "level", "tasks", "trajectories", "correct (%)"] + [f"{p_label(p)} (%)" for p in FAST_P]
+        + ["geo-mean speedup (correct)"] + [f"pass@{k} (%)" for k in ks],
+        ["text", "text", "int", "int", "percent"] + ["percent"] * len(FAST_P) + ["speedup"] + ["percent"] * len(ks),
+        caption="Fast@p over all trajectories (incorrect, hacked and format errors are not fast); Fast@0 is the "
+                "correct rate; pass@k only where every task of the row has at least k samples.",
+    )
+    for s in stats:
+        table.rows.append([s.run, s.level, s.tasks, s.trajectories, s.correct] + [s.fast[p] for p in FAST_P]
+                          + [s.geomean_speedup] + [s.pass_at.get(k) for k in ks])
+    sources = sorted({e.source for e in published if any(e.value("level", p) is not None for p in FAST_P)})
+    if sources:
+        table.caption += f" Published rows, not measured here, come from: {'; '.join(sources)}."
+    for entry in published:
+        if any(entry.value("level", p) is not None for p in FAST_P):
+            table.rows.append([entry.name, "all" if entry.level is None else str(entry.level), None, None,
+                               entry.value("level", 0.0)] + [entry.value("level", p) for p in FAST_P]
+                              + [None] + [None] * len(ks))
+    return table
+
+
+def turns_table(curves: list[TurnCurves], published: list[Published]) -> Table:
+    columns, kinds = ["run", "turn", "reached", "correct (%)"], ["text", "int", "int", "percent"]
+    for p in CURVE_P:
+        columns += [f"{p_label(p)} of the turn (%)", f"{p_label(p)} last turn (%)", f"{p_label(p)} best of history (%)"]
+        kinds += ["percent"] * 3
+    table = Table("turns", "Per turn", columns, kinds,
+                  caption="Of the turn: among the trajectories that reached it. Last turn: each trajectory's last "
+                          "turn within a budget of t turns. Best of history: some turn <= t is correct and fast. "
+                          "The last two are over all trajectories.")
+    for c in curves:
+        for t in range(len(c.reached)):
+            row: list[Any] = [c.run, t + 1, c.reached[t], c.correct[t]]
+            for p in CURVE_P:
+                row += [c.turn[p][t], c.last[p][t], c.best[p][t]]
+            table.rows.append(row)
+    for entry in published:
+        if any(entry.value(kind, p) is not None for kind in ("last", "best") for p in CURVE_P):
+            row = [entry.name, None, None, None]
+            for p in CURVE_P:
+                row += [None, entry.value("last", p), entry.value("best", p)]
+            table.rows.append(row)
+    return table
+
+
+def outcomes_table(all_outcomes: list[Outcomes]) -> Table:
+    categories = []
+    for o in all_outcomes:
+        categories += [c for c in o.categories if c not in categories]
+    table = Table("outcomes", "Outcomes per turn (number of trajectories)", ["run", "turn"] + categories,
+                  ["text", "int"] + ["int"] * len(categories),
+                  caption="A hacked turn is counted under its first hack reason.")
+    for o in all_outcomes:
+        for t, counts in enumerate(o.counts, 1):
+            table.rows.append([o.run, t] + [counts.get(c, 0) for c in categories])
+    return table
+
+
+def tasks_table(runs: list[str], bests: list[dict[str, TaskBest]], code_paths: list[dict[TurnKey, str]]) -> Table:
+    """One row per task; per run its best speedup, the sample/turn that reached it and links to the code of the
+    best and the worst turn (`code_paths`, per run: (task, sample, turn) -> relative path of the code's file)."""
+    columns, kinds = ["task", "level"], ["text", "text"]
+    for run in runs:
+        columns += [f"{run}: best speedup", f"{run}: reached at", f"{run}: best code", f"{run}: worst code"]
+        kinds += ["speedup", "text", "text", "text"]
+    table = Table("tasks", "Per task", columns, kinds,
+                  caption="Best: the correct turn with the highest speedup. Worst: the turn with code and the lowest "
+                          "reward. 'reached at' is sample/turn (0-based sample, 1-based turn).")
+    tasks: dict[str, int | None] = {}
+    for b in bests:
+        tasks.update({task: best.level for task, best in b.items() if task not in tasks})
+    for task, level in tasks.items():
+        row: list[Any] = [task, "unknown" if level is None else str(level)]
+        for b, paths in zip(bests, code_paths):
+            entry = b.get(task)
+            best = entry.best if entry else None
+            worst = entry.worst if entry else None
+            row += [best.speedup if best else None, f"s{best.sample}/t{best.turn}" if best else None,
+                    _code_link(paths, best), _code_link(paths, worst)]
+        table.rows.append(row)
+    return table
+
+
+def _code_link(paths: dict[TurnKey, str], turn: Turn | None) -> Link | None:
+    path = paths.get(turn_key(turn)) if turn else None
+    return Link("code", path) if path else None

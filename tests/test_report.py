@@ -1,0 +1,351 @@
+"""`drkernel report` on the small recorded runs of tests/data/report: every table number against drkernel.rl
+computed here from the raw records, the published rows, runs still being written, bad input, real PNGs, a
+self-contained HTML page and, where Chromium is installed, the page rendered with its figures."""
+
+from __future__ import annotations
+
+import base64
+import csv
+import json
+import math
+import re
+import shutil
+import struct
+import subprocess
+from collections import Counter, defaultdict
+from pathlib import Path
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from drkernel.cli.main import app
+from drkernel.report.runs import RunReadError, read_run
+from drkernel.rl import (
+    fast_p,
+    fast_p_best_of_history,
+    fast_p_last_turn,
+    fast_p_per_turn,
+    geometric_mean_speedup,
+    pass_at_k,
+)
+
+DATA = Path(__file__).resolve().parent / "data" / "report"
+RUNS = ["bench_examples", "bench_gpu", "bench_cpu", "train_run"]
+NAMES = {"bench_examples": "bench_examples", "bench_gpu": "bench_gpu", "bench_cpu": "bench_cpu",
+         "train_run": "train_run (validation, step 4)"}
+TRAJECTORY_FILES = {"bench_examples": DATA / "bench_examples", "bench_gpu": DATA / "bench_gpu",
+                    "bench_cpu": DATA / "bench_cpu", "train_run": DATA / "train_run" / "validation" / "step_4"}
+NOT_MEASURED = "(published, not measured here)"
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("report")
+    result = CliRunner().invoke(app, ["report", *(str(DATA / r) for r in RUNS), "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    assert str(out / "report.html") in result.output
+    return out
+
+
+def records(run: str) -> list[dict]:
+    """The raw JSON lines of a run, read independently of drkernel.report (the partial last line dropped)."""
+    lines = (TRAJECTORY_FILES[run] / "trajectories.jsonl").read_text().split("\n")
+    rows = []
+    for line in lines:
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            assert line is lines[-1] or not line.strip()
+    return rows
+
+
+def arrays(run: str) -> tuple[list[tuple[str, int]], torch.Tensor, torch.Tensor, torch.Tensor]:
+    """keys, speedup, correct, reached [N, T] of a run's trajectories."""
+    rows = records(run)
+    keys = sorted({(r["task"], r["sample"]) for r in rows})
+    width = max(r["turn"] for r in rows)
+    speedup = torch.full((len(keys), width), math.nan, dtype=torch.float64)
+    correct = torch.zeros(len(keys), width, dtype=torch.bool)
+    reached = torch.zeros(len(keys), width, dtype=torch.bool)
+    for r in rows:
+        i, t = keys.index((r["task"], r["sample"])), r["turn"] - 1
+        result = r["result"] or {}
+        speedup[i, t] = math.nan if result.get("speedup") is None else result["speedup"]
+        correct[i, t] = bool(result.get("correct"))
+        reached[i, t] = True
+    return keys, speedup, correct, reached
+
+
+def table(report: Path, name: str) -> list[dict[str, str]]:
+    with (report / "tables" / f"{name}.csv").open() as handle:
+        return list(csv.DictReader(handle))
+
+
+def said(result) -> str:
+    """The CLI's output with rich's line wrapping undone."""
+    return " ".join(result.output.split())
+
+
+def number(cell: str) -> float:
+    return math.nan if cell == "" else float(cell)
+
+
+def close(cell: str, expected: float) -> bool:
+    return (cell == "" and math.isnan(expected)) or number(cell) == pytest.approx(expected, abs=1e-9)
+
+
+def test_level_table_matches_drkernel_rl(report: Path) -> None:
+    rows = table(report, "levels")
+    checked = 0
+    for run in RUNS:
+        last: dict[tuple[str, int], dict] = {}
+        for r in records(run):  # the last turn of each trajectory
+            if r["turn"] >= last.get((r["task"], r["sample"]), {"turn": 0})["turn"]:
+                last[(r["task"], r["sample"])] = r
+        groups: dict[str, list[dict]] = defaultdict(list)
+        for r in last.values():
+            groups["unknown" if r["level"] is None else str(r["level"])].append(r)
+        if len(groups) > 1:
+            groups["all"] = list(last.values())
+        for level, members in groups.items():
+            (row,) = [x for x in rows if x["run"] == NAMES[run] and x["level"] == level]
+            speed = [math.nan if (m["result"] or {}).get("speedup") is None else m["result"]["speedup"]
+                     for m in members]
+            ok = [bool((m["result"] or {}).get("correct")) for m in members]
+            assert int(row["trajectories"]) == len(members)
+            assert close(row["correct (%)"], 100 * sum(ok) / len(ok))
+            assert close(row["Fast@0 (%)"], 100 * sum(ok) / len(ok))
+            for p in (1, 1.2, 1.5, 2):
+                assert close(row[f"Fast@{p} (%)"], 100 * fast_p(speed, ok, p))
+            assert close(row["geo-mean speedup (correct)"], geometric_mean_speedup(speed, ok))
+            n = Counter(m["task"] for m in members)
+            c = Counter(m["task"] for m in members if m["result"] and m["result"]["correct"])
+            assert int(row["tasks"]) == len(n)
+            for k in (1, 2, 3):
+                expected = (sum(pass_at_k(n[t], c[t], k) for t in n) / len(n)) if k <= min(n.values()) else math.nan
+                assert close(row[f"pass@{k} (%)"], 100 * expected)
+            checked += 1
+    assert checked == 1 + 4 + 3 + 3  # bench_examples: unknown only; bench_gpu: levels 1, 2, unknown and all
+    assert len(rows) == checked + 3  # and the paper's three Level 2 rows
+
+
+def test_turn_table_matches_drkernel_rl(report: Path) -> None:
+    rows = table(report, "turns")
+    for run in RUNS:
+        _, speedup, correct, reached = arrays(run)
+        mine = [r for r in rows if r["run"] == NAMES[run]]
+        assert [int(r["turn"]) for r in mine] == list(range(1, speedup.shape[1] + 1))
+        for p in (1, 1.2):
+            per_turn = fast_p_per_turn(speedup, correct, p, reached)
+            best = fast_p_best_of_history(speedup, correct, p, reached)
+            for t, row in enumerate(mine):
+                last = fast_p_last_turn(speedup[:, : t + 1], correct[:, : t + 1], p, reached[:, : t + 1])
+                assert close(row[f"Fast@{p} of the turn (%)"], 100 * per_turn[t].item())
+                assert close(row[f"Fast@{p} last turn (%)"], 100 * last)
+                assert close(row[f"Fast@{p} best of history (%)"], 100 * best[t].item())
+                assert int(row["reached"]) == int(reached[:, t].sum())
+                share = (correct[:, t] & reached[:, t]).sum().item() / reached[:, t].sum().item()
+                assert close(row["correct (%)"], 100 * share)
+    # the run still being written: two trajectories stopped at turn 2
+    cpu = [r for r in rows if r["run"] == "bench_cpu"]
+    assert [int(r["reached"]) for r in cpu] == [8, 8, 6]
+    (stts,) = [r for r in rows if NOT_MEASURED in r["run"]]
+    assert stts["run"] == f"Dr. Kernel-14B, STTS {NOT_MEASURED}"
+    assert (stts["Fast@1.2 last turn (%)"], stts["Fast@1.2 best of history (%)"]) == ("31.6", "47.8")
+    assert stts["turn"] == stts["Fast@1 last turn (%)"] == ""
+
+
+def test_outcome_table_counts_each_status_and_hack_reason(report: Path) -> None:
+    rows = table(report, "outcomes")
+    for run in RUNS:
+        expected: dict[int, Counter] = defaultdict(Counter)
+        for r in records(run):
+            category = r["status"] if r["status"] != "hacked" else f"hacked: {r['result']['hack_reasons'][0]}"
+            expected[r["turn"]][category] += 1
+        for row in (x for x in rows if x["run"] == NAMES[run]):
+            got = {k: int(v) for k, v in row.items() if k not in ("run", "turn") and v and int(v)}
+            assert got == dict(expected[int(row["turn"])])
+    gpu = [r for r in rows if r["run"] == "bench_gpu"]
+    assert sum(int(r["format_error"]) for r in gpu) == 4
+    assert sum(int(r["hacked: torch_fallback"]) for r in gpu) == 2
+    assert int(gpu[1]["generation_error"]) == 1
+
+
+def test_task_table_best_speedups_and_code_links(report: Path) -> None:
+    rows = {r["task"]: r for r in table(report, "tasks")}
+    for run in RUNS:
+        by_task: dict[str, list[dict]] = defaultdict(list)
+        for r in records(run):
+            by_task[r["task"]].append(r)
+        for task, turns in by_task.items():
+            row = rows[task]
+            good = [r for r in turns if r["result"] and r["result"]["correct"]]
+            if not good:
+                assert row[f"{NAMES[run]}: best speedup"] == "" and row[f"{NAMES[run]}: best code"] == ""
+                continue
+            top = max(r["result"]["speedup"] for r in good)
+            in_order = sorted(good, key=lambda r: (r["sample"], r["turn"]))
+            best = next(r for r in in_order if r["result"]["speedup"] == top)  # the earliest on ties
+            assert float(row[f"{NAMES[run]}: best speedup"]) == top
+            assert row[f"{NAMES[run]}: reached at"] == f"s{best['sample']}/t{best['turn']}"
+            assert (report / row[f"{NAMES[run]}: best code"]).read_text() == best["code"]
+            with_code = sorted((r for r in turns if r["code"] is not None), key=lambda r: (r["sample"], r["turn"]))
+            worst = min(with_code, key=lambda r: r["reward"])  # the earliest on ties
+            assert (report / row[f"{NAMES[run]}: worst code"]).read_text() == worst["code"]
+    assert set(rows) == {"L1/1_matmul", "L1/2_relu", "L2/3_conv_bias", "L2/4_gemm_gelu", "misc_softmax",
+                         "1_vector_add", "2_relu", "3_softmax_rows", "4_matmul_small", "5_layernorm"}
+
+
+def test_real_bench_run_agrees_with_the_agent_loops_own_summary(report: Path) -> None:
+    """bench_examples was recorded by `drkernel bench` (tests/data/report/make_bench_examples.py); its
+    summary.json was computed by the agent loop's own code, independently of drkernel.report."""
+    summary = json.loads((DATA / "bench_examples" / "summary.json").read_text())
+    (level,) = [r for r in table(report, "levels") if r["run"] == "bench_examples"]
+    assert close(level["correct (%)"], 100 * summary["last_turn"]["correct"])
+    assert close(level["Fast@1 (%)"], 100 * summary["last_turn"]["fast_1"])
+    assert close(level["Fast@1.2 (%)"], 100 * summary["last_turn"]["fast_1_2"])
+    turns = [r for r in table(report, "turns") if r["run"] == "bench_examples"]
+    assert [int(r["reached"]) for r in turns] == summary["per_turn"]["trajectories"]
+    for t, row in enumerate(turns):
+        assert close(row["correct (%)"], 100 * summary["per_turn"]["correct"][t])
+        assert close(row["Fast@1 of the turn (%)"], 100 * summary["per_turn"]["fast_1"][t])
+        assert close(row["Fast@1.2 of the turn (%)"], 100 * summary["per_turn"]["fast_1_2"][t])
+    assert close(turns[-1]["Fast@1.2 best of history (%)"], 100 * summary["best_of_history"]["fast_1_2"])
+    statuses: Counter = Counter()
+    for row in (r for r in table(report, "outcomes") if r["run"] == "bench_examples"):
+        for key, value in row.items():
+            if key not in ("run", "turn") and value:
+                statuses[key.split(":")[0]] += int(value)
+    assert {k: v for k, v in statuses.items() if v} == summary["statuses"]
+    assert [r["level"] for r in table(report, "levels") if r["run"] == "bench_examples"] == ["unknown"]
+
+
+def test_published_numbers_are_labelled_and_extendable(report: Path, tmp_path: Path) -> None:
+    paper = {r["run"]: r for r in table(report, "levels") if NOT_MEASURED in r["run"]}
+    assert {k: (v["level"], float(v["Fast@1 (%)"]), float(v["Fast@1.2 (%)"])) for k, v in paper.items()} == {
+        f"GPT-5 {NOT_MEASURED}": ("2", 46.7, 28.6),
+        f"Claude-4.5-Sonnet {NOT_MEASURED}": ("2", 50.0, 26.7),
+        f"Dr. Kernel-14B {NOT_MEASURED}": ("2", 49.2, 25.6),
+    }
+    assert "Dr. Kernel, arXiv 2602.05885" in (report / "tables" / "levels.md").read_text()
+    extra = tmp_path / "mine.yaml"
+    extra.write_text("source: my notes\nunit: fraction\nentries:\n  - {label: Baseline, level: 1, fast_1: 0.25}\n")
+    out = tmp_path / "out"
+    result = CliRunner().invoke(app, ["report", str(DATA / "bench_gpu"), "--out", str(out), "--no-paper",
+                                      "--published", str(extra)])
+    assert result.exit_code == 0, result.output
+    rows = table(out, "levels")
+    assert [(r["run"], r["level"], r["Fast@1 (%)"]) for r in rows if NOT_MEASURED in r["run"]] == [
+        (f"Baseline {NOT_MEASURED}", "1", "25")]
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"entries": [{"label": "X", "level": 2, "fast_3": 10}]}))
+    result = CliRunner().invoke(app, ["report", str(DATA / "bench_gpu"), "--out", str(out), "--published", str(bad)])
+    assert result.exit_code == 2
+    assert "entry 1 (X): unknown metric(s) fast_3" in said(result)
+
+
+def test_runs_still_being_written_and_bad_records(tmp_path: Path) -> None:
+    run = read_run(DATA / "bench_cpu")
+    assert len(run.turns) == 22 and run.summary is None
+    assert run.notes == ["trajectories.jsonl: skipped the partial last line 23 (the run is still being written)",
+                         "no summary.json: the run may still be going"]
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    lines = (DATA / "bench_gpu" / "trajectories.jsonl").read_text().splitlines()
+    (broken / "trajectories.jsonl").write_text("\n".join([lines[0], lines[1][:50], lines[2]]) + "\n")
+    with pytest.raises(RunReadError, match=r"broken/trajectories.jsonl:2: not JSON"):
+        read_run(broken)
+    row = json.loads(lines[0])
+    del row["result"], row["reward"]
+    (broken / "trajectories.jsonl").write_text(lines[1] + "\n" + json.dumps(row) + "\n")
+    with pytest.raises(RunReadError, match=r"trajectories.jsonl:2: missing required field\(s\) 'result', 'reward'"):
+        read_run(broken)
+    (broken / "trajectories.jsonl").write_text(lines[0] + "\n" + lines[0] + "\n")
+    with pytest.raises(RunReadError, match=r":2: task 'L1/1_matmul' sample 0 turn 1 was already recorded on line 1"):
+        read_run(broken)
+    result = CliRunner().invoke(app, ["report", str(tmp_path / "nothing_here"), "--out", str(tmp_path / "o")])
+    assert result.exit_code == 2 and "nothing_here: not a folder" in said(result)
+
+
+def test_training_run_without_validation_draws_its_curves(tmp_path: Path) -> None:
+    run_dir = tmp_path / "fresh_training"
+    run_dir.mkdir()
+    metrics = (DATA / "train_run" / "metrics.jsonl").read_text()
+    (run_dir / "metrics.jsonl").write_text(metrics + '{"step": 5, "reward_me')  # step 5 being written
+    result = CliRunner().invoke(app, ["report", str(run_dir), "--out", str(tmp_path / "o")])
+    assert result.exit_code == 0, result.output
+    assert "no validation records yet: training curves only" in said(result)
+    assert "metrics.jsonl: skipped the partial last line 5" in said(result)
+    assert [step["step"] for step in read_run(run_dir).steps] == [1, 2, 3, 4]
+    assert sorted(p.name for p in (tmp_path / "o" / "figures").iterdir()) == ["training.png"]
+    assert list((tmp_path / "o" / "tables").iterdir()) == []
+
+
+def png_size(path: Path) -> tuple[int, int]:
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n", f"{path} is not a PNG"
+    return struct.unpack(">II", data[16:24])
+
+
+def test_figures_are_real_images_and_the_html_is_self_contained(report: Path) -> None:
+    names = ["coverage", "levels", "outcomes", "speedups", "training", "turns"]
+    assert sorted(p.stem for p in (report / "figures").iterdir()) == names
+    import matplotlib.image
+
+    for name in names:
+        width, height = png_size(report / "figures" / f"{name}.png")
+        assert width >= 600 and height >= 300
+        pixels = torch.from_numpy(matplotlib.image.imread(report / "figures" / f"{name}.png"))
+        assert (pixels[..., :3] < 0.9).any(-1).double().mean() > 0.02, f"{name}.png is nearly blank"
+    html = (report / "report.html").read_text()
+    # no resource fetched from the network (config.json's base_url may be shown as text)
+    assert not re.search(r"""(src|href)\s*=\s*["']?(https?:)?//|url\(|@import""", html)
+    assert "http://127.0.0.1" in html  # bench_examples' config, shown as text
+    sources = re.findall(r'<img src="([^"]+)"', html)
+    assert len(sources) == len(names)
+    for source in sources:
+        assert source.startswith("data:image/png;base64,")
+        assert base64.b64decode(source.split(",", 1)[1])[:8] == b"\x89PNG\r\n\x1a\n"
+    for href in re.findall(r'href="([^"]+)"', html):
+        assert (report / href).is_file(), href
+    assert html.count(NOT_MEASURED) == 4  # three level rows and the STTS row of the turn table
+    for name in ("levels", "turns", "outcomes", "tasks"):
+        assert (report / "tables" / f"{name}.md").read_text().startswith("### ")
+
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+         "--disable-component-update", "--disable-sync", "--no-first-run"]
+PROBE = """<script>window.addEventListener("load", function () {
+  document.querySelectorAll("img").forEach(function (img) {
+    img.setAttribute("data-rendered", img.naturalWidth + "x" + img.naturalHeight + "@" + img.width);
+  });
+});</script></body>"""
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(CHROMIUM is None, reason="no Chromium installed (apt-get install chromium)")
+def test_chromium_renders_the_report_with_its_figures(report: Path, tmp_path: Path) -> None:
+    probed = report / "probed.html"
+    probed.write_text((report / "report.html").read_text().replace("</body>", PROBE))
+    common = [CHROMIUM, *FLAGS, f"--user-data-dir={tmp_path / 'profile'}", "--virtual-time-budget=5000"]
+    dom = subprocess.run([*common, "--dump-dom", probed.as_uri()], capture_output=True, text=True, timeout=120)
+    rendered = re.findall(r'data-rendered="(\d+)x(\d+)@(\d+)"', dom.stdout)
+    assert len(rendered) == 6, dom.stderr[-2000:]
+    for natural_w, natural_h, shown_w in rendered:
+        assert int(natural_w) >= 600 and int(natural_h) >= 300 and int(shown_w) >= 600
+    # the figures are what makes the page colourful: compare with the same page without its images
+    bare = report / "bare.html"
+    bare.write_text(re.sub(r"<img [^>]*>", "", (report / "report.html").read_text()))
+    import matplotlib.image
+
+    colourful = []
+    for page in (report / "report.html", bare):
+        shot = tmp_path / f"{page.stem}.png"
+        subprocess.run([*common, "--window-size=1400,3000", f"--screenshot={shot}", page.as_uri()],
+                       capture_output=True, timeout=120, check=True)
+        pixels = torch.from_numpy(matplotlib.image.imread(shot))[..., :3]
+        assert pixels.shape[:2] == (3000, 1400)
+        colourful.append(int((pixels.max(-1).values - pixels.min(-1).values > 0.3).sum()))
+    assert colourful[0] > 20_000 and colourful[1] < 5_000, colourful
