@@ -15,6 +15,7 @@ import signal
 import subprocess
 import sys
 import time
+from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -23,7 +24,7 @@ from typer.testing import CliRunner
 from drkernel.agent.backends import GenerationError, OpenAIChatConfig, OpenAIChatModel, SamplingParams
 from drkernel.agent.context import ContextPolicy
 from drkernel.agent.loop import LoopConfig, run_loop
-from drkernel.agent.records import read_trajectories
+from drkernel.agent.records import read_generation_errors, read_trajectories
 from drkernel.agent.replay import ChatScript, Reply, ScriptedChatServer, fenced
 from drkernel.cli.main import app
 from drkernel.schema import EvalResult
@@ -264,10 +265,11 @@ def test_bad_input_clear_messages_and_exit_codes(tmp_path):
         timed_out = invoke(["--tasks", tasks, "--name", "2_relu", "--base-url", server.url, "--model", "m",
                             "--retries", "0", "--request-timeout", "0.3", "--samples", "2",
                             "--out", str(tmp_path / "slow")])
-    assert timed_out.exit_code == 2 and "every model request failed (2)" in " ".join(timed_out.output.split())
-    assert "no answer within 0.3 s" in timed_out.output
-    records = read_trajectories(tmp_path / "slow")
-    assert [r.status for r in records] == ["generation_error"] * 2  # recorded: the trajectories are over
+    said = " ".join(timed_out.output.split())
+    assert timed_out.exit_code == 2 and "every model request failed (2)" in said
+    assert "no answer within 0.3 s" in said and "rerun with --resume once the model answers" in said
+    assert read_trajectories(tmp_path / "slow") == []  # failed calls are not turns: a resume asks them again
+    assert sorted((f.sample, f.turn) for f in read_generation_errors(tmp_path / "slow")) == [(0, 1), (1, 1)]
 
 
 def test_bench_evaluates_through_the_service(tmp_path):
@@ -291,3 +293,105 @@ def test_bench_evaluates_through_the_service(tmp_path):
     assert "Error (Scripted): scripted runtime_error" in records[1].messages[-1]["content"]
     assert [r.candidate for r in backend.submitted] == [code.format("runtime_error"), code.format("correct")]
     assert backend.submitted[0].reference == load_task_file(REPO / "examples" / "tasks" / "2_relu.py").code
+
+
+TASKS = str(REPO / "examples" / "tasks")
+
+
+def refused(server: ScriptedChatServer, model: str, status: int, attempt: int, times: int) -> str:
+    """The cause the client gives for a scripted failure that retrying did not fix."""
+    body = json.dumps({"error": {"message": f"scripted failure {attempt} of {times}", "type": "server_error"}})
+    return f"{server.url} (model {model!r}) answered HTTP {status}: {body} (after 0 retries)"
+
+
+@pytest.mark.slow
+def test_failed_generations_are_logged_not_recorded_and_resume_asks_them_again(tmp_path):
+    down = Reply("never", fail_status=500, fail_times=99)
+    script = ChatScript(samples={"2_relu": {0: ["Let me think first.", down], 1: [down]}})
+    out = tmp_path / "run"
+    with ScriptedChatServer(script) as server:
+        first = invoke(["--tasks", TASKS, "--name", "2_relu", "--model", "m", "--base-url", server.url, "--samples",
+                        "2", "--turns", "2", "--retries", "0", "--no-perf", "--trials", "1", "--out", str(out)])
+        said = " ".join(first.output.split())
+        assert first.exit_code == 0, first.output  # a turn was judged: the run proceeded
+        assert "2 of 2 trajectories incomplete, 2 turns whose model call failed for good" in said
+        assert "a model request failed for good (its trajectory stopped; --resume asks the turn again)" in said
+        assert [(r.sample, r.turn, r.status) for r in read_trajectories(out)] == [(0, 1, "format_error")]
+        failures = sorted(read_generation_errors(out), key=lambda f: f.sample)
+        cause = refused(server, "m", 500, 1, 99)
+        assert [(f.task, f.sample, f.turn, f.cause) for f in failures] == [("2_relu", 0, 2, cause),
+                                                                          ("2_relu", 1, 1, cause)]
+        assert all(datetime.fromisoformat(f.time).utcoffset().total_seconds() == 0 for f in failures)
+        summary = json.loads((out / "summary.json").read_text())
+        assert (summary["planned_trajectories"], summary["incomplete_trajectories"], summary["generation_errors"],
+                summary["turns_judged"]) == (2, 2, 2, 1)
+
+        before = len(server.requests)
+        script.samples["2_relu"] = {0: ["Let me think first.", fenced(candidate("2_relu__triton"))], 1: ["no code"]}
+        resumed = invoke(["--out", str(out), "--resume"])
+        assert resumed.exit_code == 0, resumed.output
+        assert "incomplete" not in resumed.output
+        asked = sorted(tag for tag, _ in server.requests[before:])
+    assert asked == ["2_relu/0/2", "2_relu/1/1", "2_relu/1/2"]  # the failed turns again, the completed one never
+    records = read_trajectories(out)
+    assert sorted((r.sample, r.turn, r.status, r.context_turns) for r in records) == [
+        (0, 1, "format_error", []), (0, 2, "correct", [1]), (1, 1, "format_error", []), (1, 2, "format_error", [1])]
+    first_turn, second_turn = by_key(records)[("2_relu", 0, 1)], by_key(records)[("2_relu", 0, 2)]
+    assert second_turn.messages[1:] == [{"role": "assistant", "content": "Let me think first."},
+                                        {"role": "user", "content": first_turn.feedback}]
+    assert second_turn.reward == 0.5 and second_turn.code == candidate("2_relu__triton")
+    assert len(read_generation_errors(out)) == 2  # the log keeps what happened; the summary what is missing
+    summary = json.loads((out / "summary.json").read_text())
+    assert (summary["planned_trajectories"], summary["incomplete_trajectories"], summary["generation_errors"],
+            summary["turns_judged"]) == (2, 0, 0, 4)
+    assert summary["statuses"] == {"correct": 1, "format_error": 3}
+
+
+def test_sampling_settings_reach_the_server_as_sent(tmp_path):
+    sent = {"model": "m", "temperature": 0.25, "top_p": 0.5, "max_tokens": 77, "stop": ["###", "</answer>"]}
+    with ScriptedChatServer(ChatScript({"2_relu": ["no code"]})) as server:
+        base = ["--tasks", TASKS, "--name", "2_relu", "--model", "m", "--base-url", server.url]
+        result = invoke([*base, "--samples", "2", "--temperature", "0.25", "--top-p", "0.5", "--max-tokens", "77",
+                         "--stop", "###", "--stop", "</answer>", "--seed", "41", "--out", str(tmp_path / "set")])
+        assert result.exit_code == 0, result.output
+        resumed = invoke(["--out", str(tmp_path / "set"), "--resume", "--turns", "2"])  # the saved settings
+        assert resumed.exit_code == 0, resumed.output
+        defaults = invoke([*base, "--out", str(tmp_path / "defaults")])
+        assert defaults.exit_code == 0, defaults.output
+    settings = [(tag, {k: v for k, v in body.items() if k != "messages"})
+                for (tag, _), body in zip(server.requests, server.bodies)]
+    assert sorted(settings[:4], key=lambda pair: pair[0]) == [
+        ("2_relu/0/1", {**sent, "seed": 41}), ("2_relu/0/2", {**sent, "seed": 41}),  # seed + sample index
+        ("2_relu/1/1", {**sent, "seed": 42}), ("2_relu/1/2", {**sent, "seed": 42}),
+    ]
+    assert settings[4:] == [("2_relu/0/1", {"model": "m", "temperature": 1.0, "top_p": 0.95, "max_tokens": 8192})]
+
+
+def test_fatal_error_mid_run_keeps_turns_and_resume_with_a_valid_key_continues(tmp_path):
+    script = ChatScript({"2_relu": ["Let me think first.", Reply("Still thinking.", fail_status=401, fail_times=1),
+                                    "No code yet."]})
+    out = tmp_path / "run"
+    with ScriptedChatServer(script, api_key="right") as server:
+        stopped = invoke(["--tasks", TASKS, "--name", "2_relu", "--model", "m", "--base-url", server.url,
+                          "--turns", "3", "--out", str(out)], OPENAI_API_KEY="right")
+        said = " ".join(stopped.output.split())
+        assert stopped.exit_code == 2
+        assert (f"the model cannot be used: {server.url} (model 'm') refused the API key from $OPENAI_API_KEY (HTTP "
+                f"401)") in said
+        assert f"Turns recorded so far are kept in {out}; fix the cause and rerun with --resume." in said
+        assert [(r.turn, r.response) for r in read_trajectories(out)] == [(1, "Let me think first.")]
+        assert read_generation_errors(out) == []  # a fatal error stops the run; it is no failed turn
+        summary = json.loads((out / "summary.json").read_text())
+        assert (summary["incomplete_trajectories"], summary["generation_errors"]) == (1, 0)
+
+        wrong = invoke(["--out", str(out), "--resume"], OPENAI_API_KEY="wrong")
+        assert wrong.exit_code == 2 and "refused the API key" in " ".join(wrong.output.split())
+        assert len(read_trajectories(out)) == 1
+        before = len(server.requests)
+        resumed = invoke(["--out", str(out), "--resume"], OPENAI_API_KEY="right")
+        assert resumed.exit_code == 0, resumed.output
+        asked = [tag for tag, _ in server.requests[before:]]
+    assert asked == ["2_relu/0/2", "2_relu/0/3"]
+    records = read_trajectories(out)
+    assert [(r.turn, r.response, r.context_turns) for r in records] == [
+        (1, "Let me think first.", []), (2, "Still thinking.", [1]), (3, "No code yet.", [1, 2])]

@@ -27,11 +27,12 @@ from drkernel.agent.records import (
     SUMMARY,
     TRAJECTORIES,
     TurnRecord,
+    read_generation_errors,
     read_json,
     read_trajectories,
     write_json,
 )
-from drkernel.agent.summary import summarize
+from drkernel.agent.summary import completeness, summarize
 from drkernel.rl import RewardConfig
 from drkernel.schema import EvalOptions
 from drkernel.tasks import Task, TaskLoadError, load_tasks, select_tasks
@@ -199,7 +200,7 @@ async def run_bench(
     config: BenchConfig, tasks: list[Task], run_dir: Path, on_turn: Callable[[TurnRecord], None] | None = None
 ) -> tuple[LoopOutcome, dict[str, Any]]:
     """Run the loop with the configured model and evaluator, then write RUN_DIR/summary.json (also after a fatal
-    model error, over what was recorded)."""
+    model error, over what was recorded, saying what is still missing)."""
     model = make_model(config)
     evaluator, close_evaluator = open_evaluator(config)
     try:
@@ -209,9 +210,12 @@ async def run_bench(
         closed = close_evaluator()
         if asyncio.iscoroutine(closed):
             await closed
-        write_summary(run_dir)
+        write_summary(run_dir, [(task.key, sample) for task in tasks for sample in range(config.samples)],
+                      config.turns)
     return outcome, read_json(run_dir / SUMMARY)
 
 
-def write_summary(run_dir: Path) -> None:
-    write_json(run_dir / SUMMARY, summarize(read_trajectories(run_dir)))
+def write_summary(run_dir: Path, planned: list[tuple[str, int]], turns: int) -> None:
+    records = read_trajectories(run_dir)
+    write_json(run_dir / SUMMARY,
+               {**summarize(records), **completeness(records, read_generation_errors(run_dir), planned, turns)})

@@ -4,7 +4,9 @@ Each trajectory (task, sample) is one coroutine: its turn t+1 is asked as soon a
 `concurrency` bounds how many trajectories are in flight. Generation and evaluation overlap across trajectories
 because the evaluator queues work itself (the scheduler's workers, Ray actors or the service), so neither the model
 server nor the GPUs wait on the loop. A turn is recorded once it is judged; a resumed run rebuilds each trajectory's
-context from its records and asks only the turns that are missing.
+context from its records and asks only the turns that are missing. A model call that fails for good (after the
+backend's retries) is logged in generation_errors.jsonl instead of being recorded as a turn: its trajectory ends
+for this run, and a resumed run asks that turn again.
 """
 
 from __future__ import annotations
@@ -23,6 +25,9 @@ from drkernel.agent.prompts import PromptTemplates, feedback_prompt, first_turn_
 from drkernel.agent.records import (
     FORMAT_ERROR,
     GENERATION_ERROR,
+    GENERATION_ERRORS,
+    GenerationErrorRecord,
+    JsonlAppender,
     TrajectoryWriter,
     TurnRecord,
     by_trajectory,
@@ -53,7 +58,7 @@ class LoopConfig:
 class LoopOutcome:
     records: list[TurnRecord]  # every turn of the run, earlier sessions' included, in file order
     new_turns: int  # turns this call judged and recorded
-    generation_errors: list[str]  # causes, one per turn whose model call failed for good in this call
+    generation_errors: list[GenerationErrorRecord]  # turns whose model call failed for good in this call
 
 
 async def run_loop(
@@ -66,32 +71,37 @@ async def run_loop(
 ) -> LoopOutcome:
     """Run (or resume) every trajectory of `tasks` x `config.samples` up to `config.turns` turns.
 
-    A trajectory whose last recorded turn is a generation error is over. `FatalGenerationError` (a refused key,
-    an unknown model, an unreachable server) cancels every trajectory in flight and propagates; what was
-    recorded before stays recorded.
+    A turn whose model call fails for good is logged (RUN_DIR/generation_errors.jsonl), not recorded, and ends its
+    trajectory for this call. `FatalGenerationError` (a refused key, an unknown model, an unreachable server)
+    cancels every trajectory in flight and propagates; what was recorded before stays recorded.
     """
     earlier = by_trajectory(read_trajectories(run_dir))
     gate = asyncio.Semaphore(config.concurrency)
     new: list[TurnRecord] = []
-    errors: list[str] = []
-    with TrajectoryWriter(run_dir) as writer:
+    errors: list[GenerationErrorRecord] = []
+    with TrajectoryWriter(run_dir) as writer, JsonlAppender(Path(run_dir) / GENERATION_ERRORS) as error_log:
 
         async def trajectory(task: Task, sample: int) -> None:
             history = list(earlier.get((task.key, sample), []))
             if len(history) >= config.turns or (history and history[-1].status == GENERATION_ERROR):
-                return
+                return  # done, or ended by a failed model call that an older run recorded as a turn
             async with gate:
                 first = first_turn_prompt(task.code, config.templates)
                 for turn in range(len(history) + 1, config.turns + 1):
-                    record = await _turn(task, sample, turn, first, history, model, evaluator, config)
+                    try:
+                        record = await _turn(task, sample, turn, first, history, model, evaluator, config)
+                    except FatalGenerationError:
+                        raise
+                    except GenerationError as exc:
+                        failure = GenerationErrorRecord(task.key, sample, turn, str(exc))
+                        error_log.append_row(failure.to_dict())
+                        errors.append(failure)
+                        return
                     writer.append(record)
                     new.append(record)
                     history.append(record)
                     if on_turn is not None:
                         on_turn(record)
-                    if record.status == GENERATION_ERROR:
-                        errors.append(record.feedback)
-                        return
 
         jobs = [asyncio.ensure_future(trajectory(t, s)) for t in tasks for s in range(config.samples)]
         try:
@@ -114,14 +124,7 @@ async def _turn(
     record = TurnRecord(task=task.key, level=task.level, sample=sample, turn=turn, messages=messages, response="",
                         code=None, result=None, reward=0.0, feedback="", context_turns=context_turns)
     started = time.monotonic()
-    try:
-        completion = await model.complete(messages, config.sampling, seed=seed, tag=f"{task.key}/{sample}/{turn}")
-    except FatalGenerationError:
-        raise
-    except GenerationError as exc:
-        record.status, record.feedback = GENERATION_ERROR, str(exc)
-        record.timings = {"generation_s": time.monotonic() - started, "evaluation_s": 0.0}
-        return record
+    completion = await model.complete(messages, config.sampling, seed=seed, tag=f"{task.key}/{sample}/{turn}")
     generated = time.monotonic()
     record.response, record.usage = completion.text, completion.usage
     record.code = extract_code(completion.text)

@@ -1,4 +1,5 @@
-"""A run directory: `trajectories.jsonl` (one line per judged turn), `config.json` and `summary.json`.
+"""A run directory: `trajectories.jsonl` (one line per judged turn), `generation_errors.jsonl` (one line per model
+call that failed for good: not a turn, so `--resume` asks that turn again), `config.json` and `summary.json`.
 
 A turn is appended, flushed and synced as soon as it is judged, so a killed run loses at most the turns in flight
 and `--resume` rebuilds every trajectory from these lines alone. A kill in the middle of a write leaves a partial
@@ -12,19 +13,38 @@ import json
 import os
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, TextIO, TypeVar
 
 TRAJECTORIES = "trajectories.jsonl"
+GENERATION_ERRORS = "generation_errors.jsonl"
 CONFIG = "config.json"
 SUMMARY = "summary.json"
 
 FORMAT_ERROR = "format_error"  # the answer had no code block defining ModelNew
-GENERATION_ERROR = "generation_error"  # the model call failed for good (after retries): the trajectory ends
+# Runs made before generation_errors.jsonl recorded a failed model call as a turn of this status; such a turn ended
+# its trajectory for good (asking it again would record the turn twice).
+GENERATION_ERROR = "generation_error"
+
+
+Record = TypeVar("Record", bound="JsonRecord")
+
+
+class JsonRecord:
+    """A dataclass that is one line of a JSONL file; fields a newer loop added are ignored when read back."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)  # type: ignore[call-overload]
+
+    @classmethod
+    def from_dict(cls: type[Record], data: dict[str, Any]) -> Record:
+        known = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+        return cls(**{k: v for k, v in data.items() if k in known})
 
 
 @dataclass
-class TurnRecord:
+class TurnRecord(JsonRecord):
     """One judged turn of one trajectory (task, sample)."""
 
     task: str  # Task.key
@@ -40,7 +60,7 @@ class TurnRecord:
     context_turns: list[int]  # 1-based turns the prompt showed
     usage: dict[str, int] = field(default_factory=dict)  # prompt_tokens, completion_tokens
     timings: dict[str, float] = field(default_factory=dict)  # generation_s, evaluation_s
-    status: str = FORMAT_ERROR  # the result's status, format_error or generation_error
+    status: str = FORMAT_ERROR  # the result's status or format_error (generation_error in older runs)
 
     @property
     def correct(self) -> bool:
@@ -50,58 +70,91 @@ class TurnRecord:
     def speedup(self) -> float | None:
         return self.result.get("speedup") if self.result else None
 
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
 
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> TurnRecord:
-        known = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in data.items() if k in known})
+@dataclass
+class GenerationErrorRecord(JsonRecord):
+    """One line of RUN_DIR/generation_errors.jsonl: a model call that failed for good (after retries). Its turn is
+    not recorded, so the trajectory ends for this run and `--resume` asks the turn again."""
+
+    task: str  # Task.key
+    sample: int  # 0-based
+    turn: int  # 1-based: the turn that is still missing
+    cause: str
+    time: str = field(default_factory=lambda: datetime.now(timezone.utc).isoformat(timespec="seconds"))
 
 
 def read_trajectories(run_dir: str | Path) -> list[TurnRecord]:
     """Every recorded turn in file order; none when the file is absent. A partial last line (a kill mid-write) is
     skipped; a malformed line elsewhere is an error naming its line number."""
-    path = Path(run_dir) / TRAJECTORIES
+    return _read_rows(Path(run_dir) / TRAJECTORIES, TurnRecord, "a turn record")
+
+
+def read_generation_errors(run_dir: str | Path) -> list[GenerationErrorRecord]:
+    """Every model call of the run that failed for good, in file order (those a resume has since completed too)."""
+    return _read_rows(Path(run_dir) / GENERATION_ERRORS, GenerationErrorRecord, "a generation error record")
+
+
+def _read_rows(path: Path, kind: type[Record], what: str) -> list[Record]:
     if not path.exists():
         return []
     lines = path.read_text().split("\n")
-    records = []
+    rows = []
     for number, line in enumerate(lines, 1):
         if not line.strip():
             continue
         try:
-            records.append(TurnRecord.from_dict(json.loads(line)))
+            rows.append(kind.from_dict(json.loads(line)))
         except (json.JSONDecodeError, TypeError) as exc:
             if number == len(lines):  # written without its newline: the write was cut short
                 break
-            raise ValueError(f"{path}:{number}: not a turn record: {exc}") from exc
-    return records
+            raise ValueError(f"{path}:{number}: not {what}: {exc}") from exc
+    return rows
 
 
-class TrajectoryWriter:
-    """Appends turn records to RUN_DIR/trajectories.jsonl, one flushed and synced line each."""
+class JsonlAppender:
+    """Appends objects to a JSONL file, one flushed and synced line each; the file is opened at the first line (a
+    run without generation errors gets no generation_errors.jsonl)."""
 
-    def __init__(self, run_dir: str | Path) -> None:
-        path = Path(run_dir) / TRAJECTORIES
-        path.parent.mkdir(parents=True, exist_ok=True)
-        _repair_last_line(path)
-        self.path = path
-        self._file: TextIO = path.open("a")
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self._file: TextIO | None = None
 
-    def append(self, record: TurnRecord) -> None:
-        self._file.write(json.dumps(record.to_dict(), allow_nan=False) + "\n")
-        self._file.flush()
-        os.fsync(self._file.fileno())
+    def append_row(self, row: dict[str, Any]) -> None:
+        file = self._open()
+        file.write(json.dumps(row, allow_nan=False) + "\n")
+        file.flush()
+        os.fsync(file.fileno())
+
+    def _open(self) -> TextIO:
+        if self._file is None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            _repair_last_line(self.path)
+            self._file = self.path.open("a")
+        return self._file
 
     def close(self) -> None:
-        self._file.close()
+        if self._file is not None:
+            self._file.close()
 
-    def __enter__(self) -> TrajectoryWriter:
+    def __enter__(self) -> JsonlAppender:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class TrajectoryWriter(JsonlAppender):
+    """Appends turn records to RUN_DIR/trajectories.jsonl (created at once, so a run's folder always has it)."""
+
+    def __init__(self, run_dir: str | Path) -> None:
+        super().__init__(Path(run_dir) / TRAJECTORIES)
+        self._open()
+
+    def append(self, record: TurnRecord) -> None:
+        self.append_row(record.to_dict())
+
+    def __enter__(self) -> TrajectoryWriter:
+        return self
 
 
 def _repair_last_line(path: Path) -> None:

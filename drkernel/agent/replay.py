@@ -85,13 +85,15 @@ class ScriptedChatServer:
     """The server, in a background thread; `url` is the base URL a client takes (ending in /v1).
 
     `api_key` makes it answer 401 to any other key, `model` 404 to any other model name. `requests` lists the
-    (tag, messages) of every request, in arrival order, for tests to inspect.
+    (tag, messages) of every request it answered from the script, in arrival order, and `bodies` their whole JSON
+    bodies (sampling settings included), in the same order, for tests to inspect.
     """
 
     def __init__(self, script: ChatScript, port: int = 0, api_key: str | None = None,
                  model: str | None = None) -> None:
         self.script, self.api_key, self.model = script, api_key, model
         self.requests: list[tuple[str, list[dict[str, str]]]] = []
+        self.bodies: list[dict[str, Any]] = []
         self._attempts: dict[str, int] = {}
         self._lock = threading.Lock()
         self._httpd = ThreadingHTTPServer(("127.0.0.1", port), _handler(self))
@@ -130,6 +132,7 @@ class ScriptedChatServer:
             return 400, {}, _error(f"no scripted answer for {REQUEST_TAG_HEADER} {tag!r}: {exc}", "invalid_request")
         with self._lock:
             self.requests.append((tag, messages))
+            self.bodies.append(body)
             attempt = self._attempts[tag] = self._attempts.get(tag, 0) + 1
         if attempt <= reply.fail_times:
             extra = {"Retry-After": f"{reply.retry_after:g}"} if reply.retry_after is not None else {}

@@ -1,4 +1,5 @@
-"""A run's numbers from its records: per turn correct rate, Fast@1 and Fast@1.2; last turn; best of history."""
+"""A run's numbers from its records: per turn correct rate, Fast@1 and Fast@1.2; last turn; best of history; and
+what the run still lacks (trajectories short of their turns, model calls that failed for good)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
-from drkernel.agent.records import TurnRecord, by_trajectory
+from drkernel.agent.records import GenerationErrorRecord, TurnRecord, by_trajectory
 from drkernel.rl.metrics import fast_p_best_of_history, fast_p_last_turn, fast_p_per_turn
 
 FAST_P = (1.0, 1.2)
@@ -60,6 +61,22 @@ def summarize(records: Sequence[TurnRecord]) -> dict[str, Any]:
     best_correct = [any(row) for row in correct]
     summary["best_of_history"]["correct"] = sum(best_correct) / len(trajectories)
     return summary
+
+
+def completeness(
+    records: Sequence[TurnRecord], failures: Sequence[GenerationErrorRecord], planned: Sequence[tuple[str, int]],
+    turns: int,
+) -> dict[str, int]:
+    """What `--resume` would still ask: the `planned` trajectories (task, sample) with fewer than `turns` turns
+    recorded, and the logged failed model calls whose turn is still not recorded (one per turn, however often it
+    failed)."""
+    recorded = Counter((r.task, r.sample) for r in records)
+    turn_keys = {(r.task, r.sample, r.turn) for r in records}
+    return {
+        "planned_trajectories": len(planned),
+        "incomplete_trajectories": sum(recorded[key] < turns for key in planned),
+        "generation_errors": len({(f.task, f.sample, f.turn) for f in failures} - turn_keys),
+    }
 
 
 def _finite(value: float) -> float | None:

@@ -82,7 +82,7 @@ def bench_command(
     """Let a model write and refine kernels for each task; record every judged turn; print Fast@p per turn."""
     from drkernel.agent.backends import FatalGenerationError
     from drkernel.agent.bench import RunDirError, load_usable_tasks, prepare_run_dir, run_bench
-    from drkernel.agent.records import read_trajectories
+    from drkernel.agent.records import GENERATION_ERRORS, read_trajectories
     from drkernel.cli.main import err, fail
     from drkernel.tasks import TaskLoadError
 
@@ -124,10 +124,13 @@ def bench_command(
     except (RuntimeError, ValueError, OSError, TaskLoadError) as exc:  # no evaluator, or a local model that
         raise fail(f"{exc}. Turns recorded so far are kept in {out}.")       # does not load
     Console().print(summary_table(summary))
-    for cause in sorted(set(outcome.generation_errors)):
-        err.print(f"[yellow]warning:[/yellow] a model request failed for good (the trajectory ended): {cause}")
-    if outcome.generation_errors and len(outcome.generation_errors) == outcome.new_turns:
-        raise fail(f"every model request failed ({outcome.new_turns}); first cause: {outcome.generation_errors[0]}")
+    failures = outcome.generation_errors
+    for cause in sorted({failure.cause for failure in failures}):
+        err.print(f"[yellow]warning:[/yellow] a model request failed for good (its trajectory stopped; --resume "
+                  f"asks the turn again): {cause}")
+    if failures and not outcome.new_turns:
+        raise fail(f"every model request failed ({len(failures)}); first cause: {failures[0].cause}. Logged in "
+                   f"{out / GENERATION_ERRORS}; rerun with --resume once the model answers.")
     console.print(f"records: {out}")
 
 
@@ -136,6 +139,10 @@ def summary_table(summary: dict[str, Any]) -> Table:
                         f"{summary.get('turns_judged', 0)} turns judged")
     for column in ("turn", "trajectories", "correct", "Fast@1", "Fast@1.2"):
         table.add_column(column, justify="right")
+    if summary.get("incomplete_trajectories"):
+        table.caption = (f"{summary['incomplete_trajectories']} of {summary['planned_trajectories']} trajectories "
+                         f"incomplete, {summary['generation_errors']} turns whose model call failed for good: "
+                         f"--resume asks the missing turns")
     if not summary["trajectories"]:
         return table
     per_turn = summary["per_turn"]
