@@ -268,6 +268,20 @@ def test_runs_still_being_written_and_bad_records(tmp_path: Path) -> None:
     assert result.exit_code == 2 and "nothing_here: not a folder" in said(result)
 
 
+def test_failed_model_calls_whose_turns_are_missing_are_noted(tmp_path: Path) -> None:
+    run_dir = tmp_path / "failed_calls"
+    shutil.copytree(DATA / "bench_gpu", run_dir)
+    first = json.loads((run_dir / "trajectories.jsonl").read_text().splitlines()[0])
+    failures = [{"task": first["task"], "sample": first["sample"], "turn": first["turn"], "cause": "HTTP 500"},
+                {"task": "L1/1_matmul", "sample": 7, "turn": 1, "cause": "HTTP 500", "time": "2026-01-01T00:00:00"},
+                {"task": "L1/1_matmul", "sample": 7, "turn": 1, "cause": "again", "time": "2026-01-01T00:01:00"}]
+    (run_dir / "generation_errors.jsonl").write_text("".join(json.dumps(row) + "\n" for row in failures))
+    run = read_run(run_dir)  # the first failure was completed by a resume; the other turn is still missing
+    assert run.notes == [f"1 turn(s) missing because the model call failed for good (generation_errors.jsonl): their "
+                         f"trajectories stop early; `drkernel bench --out {run_dir} --resume` asks them again"]
+    assert len(run.turns) == len(read_run(DATA / "bench_gpu").turns)
+
+
 def test_training_run_without_validation_draws_its_curves(tmp_path: Path) -> None:
     run_dir = tmp_path / "fresh_training"
     run_dir.mkdir()

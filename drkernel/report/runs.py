@@ -1,5 +1,6 @@
-"""Reading run directories: a bench run's trajectories.jsonl (with config.json and summary.json) and a training
-run's metrics.jsonl with the bench runs of its validation steps (validation/step_N/).
+"""Reading run directories: a bench run's trajectories.jsonl (with config.json, summary.json and
+generation_errors.jsonl) and a training run's metrics.jsonl with the bench runs of its validation steps
+(validation/step_N/).
 
 The records are read as plain dicts against the agent contract (docs/report.md), so extra fields written by a newer
 loop do no harm. A run may still be going while it is read: a last line without its newline is skipped with a note,
@@ -16,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 TRAJECTORIES = "trajectories.jsonl"
+GENERATION_ERRORS = "generation_errors.jsonl"  # model calls that failed for good: turns missing, not recorded
 METRICS = "metrics.jsonl"
 REQUIRED_FIELDS = ("task", "level", "sample", "turn", "status", "result", "reward", "code")
 
@@ -32,7 +34,7 @@ class Turn:
     level: int | None
     sample: int
     turn: int
-    status: str  # the result's status, "format_error" or "generation_error"
+    status: str  # the result's status or "format_error" (older runs: "generation_error", a failed model call)
     correct: bool
     speedup: float  # NaN when not measured
     coverage: float  # NaN when not measured meaningfully (no GPU)
@@ -109,10 +111,24 @@ def _bench_run(folder: Path, name: str) -> Run:
                 f"was already recorded on line {seen[key]}"
             )
         seen[key] = line
+    notes += _missing_turns_note(folder, set(seen))
     summary = _read_json(folder / "summary.json")
     if summary is None:
         notes.append("no summary.json: the run may still be going")
     return Run(name, folder, turns, _read_json(folder / "config.json") or {}, summary, notes=notes)
+
+
+def _missing_turns_note(folder: Path, recorded: set[tuple[str, int, int]]) -> list[str]:
+    """A note when model calls failed for good and their turns are still missing: those trajectories stop early."""
+    path = folder / GENERATION_ERRORS
+    if not path.is_file():
+        return []
+    rows, notes = read_jsonl(path)
+    missing = {(row.get("task"), row.get("sample"), row.get("turn")) for _, row in rows} - recorded
+    if missing:
+        notes.append(f"{len(missing)} turn(s) missing because the model call failed for good ({GENERATION_ERRORS}): "
+                     f"their trajectories stop early; `drkernel bench --out {folder} --resume` asks them again")
+    return notes
 
 
 def read_jsonl(path: Path) -> tuple[list[tuple[int, dict[str, Any]]], list[str]]:
