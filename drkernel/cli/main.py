@@ -109,8 +109,10 @@ def feedback_command(result_file: Path = typer.Argument(..., help="A JSON result
 
 
 from drkernel.cli.serve import serve_command  # noqa: E402  (after `app`, `err` and `fail`, which it uses)
+from drkernel.cli.synth import synth_command  # noqa: E402
 
 app.command("serve")(serve_command)
+app.command("synth")(synth_command)
 
 
 def main() -> None:
