@@ -74,7 +74,7 @@ MATMUL_K = (64, 128)  # a short K: the epilogue's passes over (M, N) are a large
 MIN_DIM = 8  # scaled-down shapes never go below it (the kernels pad blocks to 16 where tl.dot needs it)
 INPUT_SCALES = (1.5, 2.0, 3.0)
 SPLIT_BUCKETS = {"train": range(0, 7), "validation": range(7, 8), "test": range(8, 10)}
-MAX_ATTEMPTS_PER_TASK = 2000
+MAX_FRUITLESS_DRAWS = 20000  # draws in a row that find no new chain of the split: its chains are used up
 
 
 class SyntheticError(ValueError):
@@ -190,18 +190,19 @@ def generate(split: str, n: int, seed: int = 0, shape_scale: float = 1.0, level:
     rng = random.Random(f"drkernel-synthetic/{seed}")
     tasks: list[SyntheticTask] = []
     seen: set[tuple[str, ...]] = set()
-    attempts = 0
+    fruitless = 0
     while len(tasks) < n:
         kind = KINDS[len(tasks) % len(KINDS)]
         structure = sample_structure(kind, rng)
         shape = sample_shape(kind, rng, shape_scale)
         input_scale = rng.choice(INPUT_SCALES)
-        attempts += 1
-        if attempts > MAX_ATTEMPTS_PER_TASK * n:
-            raise SyntheticError(f"found only {len(tasks)} distinct {split} chains of {n} asked for")
         signature = (kind, *structure.steps)
         if structure.split != split or signature in seen:
+            fruitless += 1
+            if fruitless > MAX_FRUITLESS_DRAWS:
+                raise SyntheticError(f"found only {len(tasks)} distinct {split} chains of {n} asked for")
             continue
+        fruitless = 0
         seen.add(signature)
         tasks.append(SyntheticTask(len(tasks) + 1, split, structure, shape, input_scale, level))
     return tasks
