@@ -139,14 +139,20 @@ def step_signals(
 
 
 def mrs_turn_keep(
-    trainer_logp: torch.Tensor, rollout_logp: torch.Tensor, rows: Sequence[int], turn_masks: torch.Tensor
+    trainer_logp: torch.Tensor,
+    rollout_logp: torch.Tensor,
+    rows: Sequence[int],
+    turn_masks: torch.Tensor,
+    low: float = 0.999,
+    high: float = 1.001,
+    veto: float = 1e-4,
 ) -> list[bool]:
     """MRS verdict of each turn: turn n is row `rows[n]` of the [B, L] log-probs restricted to `turn_masks[n]`, the
     0/1 [L] mask of its generated tokens, so each turn is tested on its own tokens as a sample of its own."""
     if not len(rows):
         return []
     index = torch.as_tensor(list(rows), dtype=torch.long, device=trainer_logp.device)
-    return mismatch_keep_mask(trainer_logp[index], rollout_logp[index], turn_masks).tolist()
+    return mismatch_keep_mask(trainer_logp[index], rollout_logp[index], turn_masks, low, high, veto).tolist()
 
 
 def kept_fraction(signals: Sequence[TurnSignal], reason: str) -> float:
