@@ -113,10 +113,13 @@ def test_feedback_prompt_renders_errors_and_stays_under_the_limit():
 
 def test_templates_from_file(tmp_path):
     toml = tmp_path / "t.toml"
-    toml.write_text('feedback = """Result:\n{feedback}\nAgain."""\nmax_feedback_chars = 300\n')
+    toml.write_text('feedback = """Result:\n{feedback}\nAgain."""\nformat_error = "No code."\n'
+                    'max_feedback_chars = 300\n')
     templates = PromptTemplates.from_file(toml)
     assert templates.first_turn == PromptTemplates().first_turn
-    assert feedback_prompt(None, None, templates).startswith("Result:\nYour answer had no")
+    assert feedback_prompt(None, None, templates) == "No code."
+    result = EvalResult.failure(Status.TIMEOUT, "Timeout", "took too long")
+    assert feedback_prompt(result, GOOD, templates) == "Result:\nVerdict: TIMEOUT\nError (Timeout): took too long\nAgain."
     (tmp_path / "t.json").write_text(json.dumps({"first_turn": "Do it: {reference}"}))
     assert first_turn_prompt("X", PromptTemplates.from_file(tmp_path / "t.json")) == "Do it: X"
     (tmp_path / "bad.json").write_text(json.dumps({"first": "x"}))

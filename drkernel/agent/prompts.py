@@ -40,15 +40,16 @@ Improve it: fix what failed, or make it faster if it was correct. Answer with th
 `ModelNew` in one ```python code block.
 """
 
-FORMAT_ERROR = (
-    "Your answer had no ```python code block that defines `class ModelNew`, so there was nothing to evaluate."
-)
+FORMAT_ERROR = """\
+Your answer had no ```python code block that defines `class ModelNew`, so there was nothing to evaluate. Answer \
+with the complete code of `ModelNew`, its imports and its kernels in one ```python code block.
+"""
 
 
 @dataclass
 class PromptTemplates:
-    """Overridable templates. `first_turn` takes {reference}; `feedback` takes {feedback}, the rendered result
-    (or `format_error`); the whole feedback message is cut to `max_feedback_chars`."""
+    """Overridable templates. `first_turn` takes {reference}; `feedback` takes {feedback}, the rendered result;
+    `format_error` is the whole message after an answer without code. Feedback is cut to `max_feedback_chars`."""
 
     first_turn: str = FIRST_TURN
     feedback: str = FEEDBACK
@@ -99,11 +100,10 @@ def feedback_prompt(
     if result is None:
         if code is not None:
             raise ValueError("a turn with code must have a result to give feedback on")
-        body = templates.format_error
+        text = templates.format_error
     else:
         room = templates.max_feedback_chars - len(templates.feedback) + len("{feedback}")
-        body = render(result, max_chars=max(room, 100))
-    text = _fill(templates.feedback, "{feedback}", body)
+        text = _fill(templates.feedback, "{feedback}", render(result, max_chars=max(room, 100)))
     return text if len(text) <= templates.max_feedback_chars else text[: templates.max_feedback_chars - 4] + " ..."
 
 

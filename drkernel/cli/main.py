@@ -112,6 +112,11 @@ from drkernel.cli.serve import serve_command  # noqa: E402  (after `app`, `err` 
 
 app.command("serve")(serve_command)
 
+from drkernel.cli.bench import bench_command, export_sft_command  # noqa: E402  (after `app`, `err` and `fail`, which it uses)
+
+app.command("bench")(bench_command)
+app.command("export-sft")(export_sft_command)
+
 
 def main() -> None:
     app()
