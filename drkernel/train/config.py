@@ -45,8 +45,6 @@ class TrainConfig:
     top_p: float = 1.0
     context: str = "full"
     prompt_templates: str | None = None  # a TOML/JSON file of PromptTemplates overrides
-    use_vllm: bool = False
-    vllm_mode: str = "colocate"
     # evaluation (KernelGym)
     evaluator: str = "embedded"  # "embedded", "http://host:port" (the service) or "ray://..." / "ray:auto"
     eval_token: str | None = None  # bearer token of the service
@@ -67,7 +65,9 @@ class TrainConfig:
     prs: bool = True
     prs_low: float = 0.3
     prs_high: float = 0.4
-    mrs: bool | None = None  # None: on exactly when the rollout engine is not the trainer (vLLM)
+    # MRS guards against a rollout engine that is not the trainer (vLLM); rollouts here sample with the trainer's
+    # own model, so it is off by default, and on it tests the sampling log-probs against the trainer's forward pass
+    mrs: bool = False
     mrs_low: float = 0.999
     mrs_high: float = 1.001
     mrs_veto: float = 1e-4
@@ -119,8 +119,6 @@ class TrainConfig:
             problems.append(f"need 0 <= prs_low < prs_high, not {self.prs_low}, {self.prs_high}")
         if self.evaluator != "embedded" and not self.evaluator.startswith(("http://", "https://", "ray:", "ray://")):
             problems.append(f"evaluator must be 'embedded', a service URL (http://...) or a Ray address (ray:auto, ray://...), not {self.evaluator!r}")
-        if self.use_vllm:
-            problems.append("use_vllm: vLLM rollouts are not wired into the multi-turn rollout yet; generation runs with transformers")
         if self.validation_every < 0 or (self.validation_every and not self.validation_tasks):
             problems.append("validation_every needs validation_tasks (and must not be negative)")
         if self.max_new_tokens < 1 or self.max_steps < 1:
@@ -132,10 +130,6 @@ class TrainConfig:
             problems.append(str(exc))
         if problems:
             raise ConfigError("; ".join(problems))
-
-    @property
-    def mrs_on(self) -> bool:
-        return self.use_vllm if self.mrs is None else self.mrs
 
     def context_policy(self) -> ContextPolicy:
         return ContextPolicy.parse(self.context)

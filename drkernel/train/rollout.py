@@ -15,21 +15,16 @@ import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 from drkernel.agent.context import ContextPolicy, ShownTurn, build_messages
+from drkernel.agent.evaluate import Evaluator
 from drkernel.agent.parsing import extract_code
 from drkernel.agent.prompts import PromptTemplates, feedback_prompt
 from drkernel.agent.records import FORMAT_ERROR, TurnRecord
 from drkernel.rl import RewardConfig, reward
 from drkernel.schema import EvalResult, Status
 from drkernel.tasks.task import Task
-
-
-class Evaluator(Protocol):
-    """The agent's evaluator protocol: how a turn's code is judged (embedded Scheduler, service or Ray)."""
-
-    async def evaluate(self, task: Task, code: str) -> EvalResult: ...
 
 
 class EvaluatorUnavailable(RuntimeError):

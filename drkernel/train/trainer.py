@@ -122,7 +122,7 @@ class DrKernelTrainer(trl.GRPOTrainer):
     def _default_generate(self) -> GenerateFn:
         model = self.accelerator.unwrap_model(self.model)
         c = self.config
-        return hf_generate(model, self.processing_class, c.max_new_tokens, c.temperature, c.top_p, c.mrs_on)
+        return hf_generate(model, self.processing_class, c.max_new_tokens, c.temperature, c.top_p, c.mrs)
 
     # --- rollouts -------------------------------------------------------------------------------------------
 
@@ -157,7 +157,7 @@ class DrKernelTrainer(trl.GRPOTrainer):
     def _apply_turn_signals(self, output: dict[str, Any]) -> None:
         trajectories = self._trajectories
         base = self.accelerator.process_index * len(trajectories)
-        mrs_local = self._mrs_verdicts(output) if self.config.mrs_on else None
+        mrs_local = self._mrs_verdicts(output) if self.config.mrs else None
         rows, n = [], 0
         for i, traj in enumerate(trajectories):
             for record in traj.records:
