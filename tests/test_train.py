@@ -98,6 +98,18 @@ def test_prs_drops_what_its_seeded_draw_says():
     assert [s.why_not for s in got][2:] == [None, None, "prs", "prs"]  # p = 0.0 below 0.3 and unmeasured: dropped
 
 
+def test_mrs_per_turn_rejects_a_mismatched_turn_only():
+    from drkernel.train.signals import mrs_turn_keep
+
+    trainer = torch.full((1, 6), -1.0)
+    rollout = trainer.clone()
+    rollout[0, 4] = -1.01  # a 1% mismatch on one token of the second turn
+    masks = torch.tensor([[1, 1, 0, 0, 0, 0], [0, 0, 0, 1, 1, 0]], dtype=torch.bool)
+    assert mrs_turn_keep(trainer, rollout, [0, 0], masks) == [True, False]
+    rollout[0, 0] = trainer[0, 0] + 10.0  # the trainer finds this token e^-10 as likely: vetoed
+    assert mrs_turn_keep(trainer, rollout, [0, 0], masks) == [False, False]
+
+
 # --- the rollout ----------------------------------------------------------------------------------------------
 
 
@@ -177,7 +189,9 @@ SCRIPT = [["triton", "wrong"], [None, "triton"]]
 WRONG = {"1_vector_add": "wrong_offset", "2_relu": "wrong"}
 
 
-def _scripted_generate(tokenizer):
+def _scripted_generate(tokenizer, logprobs=False):
+    """The script's answers; with `logprobs`, sampling log-probs of 0 (probability 1), which MRS must reject."""
+
     def generate(contexts):
         out = []
         for i, ids in enumerate(contexts):
@@ -190,7 +204,7 @@ def _scripted_generate(tokenizer):
             else:
                 body = "```python\n" + (CANDIDATES / f"{task}__{WRONG[task] if kind == 'wrong' else kind}.py").read_text() + "```"
             out.append(tokenizer(body, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id])
-        return out, None
+        return out, [[0.0] * len(ids) for ids in out] if logprobs else None
 
     return generate
 
@@ -294,14 +308,17 @@ def test_two_steps_then_resume(tmp_path, monkeypatch, tiny_policy):
     assert result.exit_code == 2
     assert f"--resume: no checkpoint in {tmp_path / 'none'}" in " ".join(result.output.replace("\n", "").split())
 
-    # resume: one more step from checkpoint-2, with GRPO this time; step count and optimizer state continue
-    config = load_config(TINY, settings + ["max_steps=3", "advantage_estimator=grpo"])
-    trainer = run_module.train(config, resume=True, generate=_scripted_generate(tokenizer))
+    # resume: one more step from checkpoint-2, with GRPO and MRS this time; step count and optimizer state continue
+    config = load_config(TINY, settings + ["max_steps=3", "advantage_estimator=grpo", "mrs=true"])
+    trainer = run_module.train(config, resume=True, generate=_scripted_generate(tokenizer, logprobs=True))
     assert trainer.state.global_step == 3
     adam_steps = {int(s["step"]) for s in trainer.optimizer.state_dict()["state"].values()}
     assert adam_steps == {3}  # a fresh optimizer would be at 1
-    assert [m["step"] for m in _read(out / "metrics.jsonl")] == [1, 2, 3]
+    metrics = _read(out / "metrics.jsonl")
+    assert [m["step"] for m in metrics] == [1, 2, 3]
+    assert (metrics[2]["kept_mrs"], metrics[2]["kept_prs"], metrics[2]["kept_void_turn"]) == (0.0, 0.5, 0.75)
     mine = [r for r in _read(samples) if r["step"] == 3]
+    assert [r["why_not"] for r in mine] == ["mrs"] * 8  # the first rule that dropped each turn
     want = grpo_advantages([r["return"] for r in mine], [r["prompt_id"] for r in mine], [r["turn"] for r in mine])
     assert [r["advantage"] for r in mine] == pytest.approx(want.tolist(), abs=1e-12)
 

@@ -316,10 +316,12 @@ class StepRecorder(transformers.TrainerCallback):
         metrics = dict(self.trainer._step_metrics)
         metrics["step"] = state.global_step
         metrics["time_update_s"] = time.perf_counter() - self.trainer._scored_at
+        if not self.trainer.accelerator.is_main_process:
+            return
         every = self.trainer.config.validation_every
-        if every and state.global_step % every == 0:
+        if every and state.global_step % every == 0:  # on the main process only: one run directory per step
             metrics["validation"] = self.trainer.validate(state.global_step)
-        if self.trainer.accelerator.is_main_process:
+        if True:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             with self.path.open("a") as f:
                 f.write(json.dumps(metrics) + "\n")
