@@ -54,7 +54,8 @@ def open_evaluator(config: TrainConfig) -> Iterator[Any]:
     elif config.evaluator.startswith("ray"):
         from drkernel.scheduling.ray_backend import RayBackend
 
-        address = config.evaluator.removeprefix("ray:") if config.evaluator.startswith("ray:") and not config.evaluator.startswith("ray://") else config.evaluator
+        ray_client = config.evaluator.startswith("ray://")
+        address = config.evaluator if ray_client else config.evaluator.removeprefix("ray:")  # ray:auto -> auto
         backend = RayBackend(address=address, device=config.eval_device)
         try:
             yield BackendEvaluator(backend, options)

@@ -46,33 +46,6 @@ def task_dataset(tasks: Sequence[Task], templates: PromptTemplates) -> Any:
     )
 
 
-def hf_generate(model: Any, tokenizer: Any, max_new_tokens: int, temperature: float, top_p: float, with_logprobs: bool) -> GenerateFn:
-    """Sampling with transformers' `generate` on the trainer's own model, left-padded, one batch per turn.
-    With `with_logprobs` it also gives each sampled token's log-probability under the sampling distribution
-    (logits / temperature), which MRS compares with the trainer's."""
-
-    def generate(contexts: list[list[int]]) -> tuple[list[list[int]], list[list[float]] | None]:
-        pad = tokenizer.pad_token_id
-        width = max(len(c) for c in contexts)
-        device = next(model.parameters()).device
-        ids = torch.tensor([[pad] * (width - len(c)) + c for c in contexts], device=device)
-        attention = torch.tensor([[0] * (width - len(c)) + [1] * len(c) for c in contexts], device=device)
-        with torch.no_grad():
-            out = model.generate(
-                input_ids=ids, attention_mask=attention, max_new_tokens=max_new_tokens, do_sample=True,
-                temperature=temperature, top_p=top_p, top_k=0, pad_token_id=pad, eos_token_id=tokenizer.eos_token_id,
-                return_dict_in_generate=True, output_logits=with_logprobs,
-            )
-        new = out.sequences[:, width:]
-        logprobs = None
-        if with_logprobs:
-            logits = torch.stack(out.logits, dim=1).float() / temperature
-            logprobs = logits.log_softmax(-1).gather(-1, new.unsqueeze(-1)).squeeze(-1).tolist()
-        return new.tolist(), logprobs
-
-    return generate
-
-
 class DrKernelTrainer(trl.GRPOTrainer):
     """GRPOTrainer whose rollouts are the agent's multi-turn loop, judged by KernelGym.
 
@@ -106,7 +79,7 @@ class DrKernelTrainer(trl.GRPOTrainer):
         self.rollout = MultiTurnRollout(
             tokenizer=processing_class,
             evaluator=evaluator,
-            generate=generate or self._default_generate(),
+            generate=generate or self.sample,
             turns=config.turns,
             reward_config=config.reward_config(),
             templates=self.templates,
@@ -119,10 +92,35 @@ class DrKernelTrainer(trl.GRPOTrainer):
         self._scored_at = 0.0
         self.add_callback(StepRecorder(self))
 
-    def _default_generate(self) -> GenerateFn:
-        model = self.accelerator.unwrap_model(self.model)
-        c = self.config
-        return hf_generate(model, self.processing_class, c.max_new_tokens, c.temperature, c.top_p, c.mrs)
+    def sample(self, contexts: list[list[int]]) -> tuple[list[list[int]], list[list[float]] | None]:
+        """Sampling with transformers' `generate` on the trainer's own model (unwrapped by TRL's context, which
+        also lifts gradient checkpointing so the KV cache works), left-padded, one batch per turn. With MRS on it
+        also gives each sampled token's log-probability under logits / temperature, as the trainer computes it."""
+        tokenizer, c = self.processing_class, self.config
+        pad = tokenizer.pad_token_id
+        width = max(len(ids) for ids in contexts)
+        device = self.accelerator.device
+        ids = torch.tensor([[pad] * (width - len(x)) + x for x in contexts], device=device)
+        attention = torch.tensor([[0] * (width - len(x)) + [1] * len(x) for x in contexts], device=device)
+        with (
+            trl.models.unwrap_model_for_generation(
+                self.model_wrapped,
+                self.accelerator,
+                gather_deepspeed3_params=self.args.ds3_gather_for_generation,
+                gradient_checkpointing_kwargs=self.args.gradient_checkpointing_kwargs,
+            ) as model,
+            torch.no_grad(),
+        ):
+            out = model.generate(
+                input_ids=ids, attention_mask=attention, max_new_tokens=c.max_new_tokens, do_sample=True,
+                temperature=c.temperature, top_p=c.top_p, top_k=0, pad_token_id=pad,
+                eos_token_id=tokenizer.eos_token_id, return_dict_in_generate=True, output_logits=c.mrs,
+            )
+        new = out.sequences[:, width:]
+        if not c.mrs:
+            return new.tolist(), None
+        logits = torch.stack(out.logits, dim=1).float() / c.temperature
+        return new.tolist(), logits.log_softmax(-1).gather(-1, new.unsqueeze(-1)).squeeze(-1).tolist()
 
     # --- rollouts -------------------------------------------------------------------------------------------
 
