@@ -227,7 +227,8 @@ def test_two_steps_then_resume(tmp_path, monkeypatch, tiny_policy):
     out = tmp_path / "run"
     samples = tmp_path / "samples.jsonl"
     settings = [f"tasks={tasks}", f"output_dir={out}", f"model={tiny_policy}", "turns=2", "num_generations=2",
-                "per_device_train_batch_size=4", "prs=true", "validation_every=0", f"log_samples={samples}"]
+                "per_device_train_batch_size=4", "prs=true", "validation_every=2", f"validation_tasks={tasks}",
+                f"log_samples={samples}"]
     config = load_config(TINY, settings)
 
     captured = {"loss": [], "scored": []}
@@ -257,6 +258,17 @@ def test_two_steps_then_resume(tmp_path, monkeypatch, tiny_policy):
         assert m["kept_void_turn"] == 0.75 and m["kept_prs"] == 0.5 and m["kept_mrs"] == 1.0
         assert m["evaluations"] == 6 and m["tokens"] > 0
         assert all(m[k] >= 0 for k in ("time_generation_s", "time_evaluation_s", "time_update_s"))
+
+    # validation at step 2: the agent loop with the model being trained (sample 0's script: a success, then a
+    # regression), its records where `drkernel report` reads a bench run
+    assert "validation" not in metrics[0]
+    assert metrics[1]["validation"] == {"correct": 0.0, "fast_1": 0.0, "fast_1_2": 0.0, "turn_fast_1": [0.0, 0.0],
+                                        "turn_fast_1_2": [0.0, 0.0], "best_of_history_fast_1_2": 0.0}
+    from drkernel.agent.records import read_trajectories
+
+    records = read_trajectories(out / "validation" / "step_2")
+    assert sorted((r.task, r.turn, r.status) for r in records) == [
+        ("1_vector_add", 1, "correct"), ("1_vector_add", 2, "incorrect"), ("2_relu", 1, "correct"), ("2_relu", 2, "incorrect")]
 
     # --log-samples: advantages are drkernel.rl's TRLOO over (prompt, turn) groups of the logged returns
     rows = _read(samples)

@@ -25,6 +25,7 @@ from drkernel.tasks.task import Task
 from drkernel.train.config import TrainConfig
 from drkernel.train.rollout import GenerateFn, MultiTurnRollout, RolloutStats, Trajectory, turn_coverage
 from drkernel.train.signals import JudgedTurn, kept_fraction, mrs_turn_keep, step_signals
+from drkernel.train.validation import validate
 
 trl = require("trl", "train", "Training")
 transformers = require("transformers", "train", "Training")
@@ -275,14 +276,6 @@ class DrKernelTrainer(trl.GRPOTrainer):
             "time_evaluation_s": stats.evaluation_s,
         }
 
-    # --- validation ---------------------------------------------------------------------------------------
-
-    def validate(self, step: int) -> dict[str, Any]:
-        """Run the agent loop on the held-out tasks with the current model; records under validation/step_<N>/."""
-        from drkernel.train.validation import validate
-
-        return validate(self, step)
-
 
 def _finite(values: list[float]) -> list[float | None]:
     return [None if math.isnan(v) else v for v in values]
@@ -318,7 +311,7 @@ class StepRecorder(transformers.TrainerCallback):
             return
         every = self.trainer.config.validation_every
         if every and state.global_step % every == 0:  # on the main process only: one run directory per step
-            metrics["validation"] = self.trainer.validate(state.global_step)
+            metrics["validation"] = validate(self.trainer, state.global_step)
         if True:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             with self.path.open("a") as f:
