@@ -150,6 +150,12 @@ def test_records_round_trip_and_survive_a_cut_write(tmp_path):
         writer.append(_record(3))
     assert [r.turn for r in read_trajectories(tmp_path)] == [1, 2, 3]
     assert read_trajectories(tmp_path)[0] == _record(1)
+    with path.open("a") as f:
+        f.write(json.dumps(_record(4).to_dict()))  # complete, but killed before its newline
+    assert [r.turn for r in read_trajectories(tmp_path)] == [1, 2, 3, 4]
+    with TrajectoryWriter(tmp_path) as writer:  # kept: the reader counted it
+        writer.append(_record(5))
+    assert [r.turn for r in read_trajectories(tmp_path)] == [1, 2, 3, 4, 5]
     path.write_text(path.read_text().replace('"turn": 2', '"turn": 2,,', 1))
     with pytest.raises(ValueError, match="trajectories.jsonl:2: not a turn record"):
         read_trajectories(tmp_path)

@@ -129,8 +129,9 @@ class OpenAIChatModel:
         where = f"{self.config.base_url} (model {self.config.model!r})"
         detail = response.text[:300].strip()
         if response.status_code in (401, 403):
-            return (f"{where} refused the API key from ${self.config.api_key_env} (HTTP {response.status_code}): "
-                    f"{detail}")
+            unset = "" if os.environ.get(self.config.api_key_env) else ", which is not set"
+            return (f"{where} refused the API key from ${self.config.api_key_env}{unset} "
+                    f"(HTTP {response.status_code}): {detail}")
         if response.status_code == 404:
             return f"{where}: model or endpoint not found (HTTP 404): {detail}"
         return f"{where} answered HTTP {response.status_code}: {detail}"
@@ -175,6 +176,9 @@ class HFChatModel:
     """
 
     def __init__(self, path: str, device: str = "cpu") -> None:
+        if path.startswith(("/", ".", "~")) and not os.path.isdir(os.path.expanduser(path)):
+            raise ValueError(f"hf:{path}: no such folder (expected a model saved with save_pretrained)")
+        path = os.path.expanduser(path)
         transformers = require("transformers", "train", "running a local Hugging Face model")
         self.tokenizer = transformers.AutoTokenizer.from_pretrained(path)
         if self.tokenizer.chat_template is None:

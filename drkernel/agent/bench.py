@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import os
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -112,10 +113,14 @@ def prepare_run_dir(run_dir: Path, given: dict[str, Any], resume: bool) -> Bench
     if not resume:
         if has_turns:
             raise RunDirError(f"{run_dir} already holds a run; pass --resume to continue it, or choose another --out")
+        if "tasks" not in given or "model" not in given:
+            raise RunDirError("need --tasks and --model (or --resume to continue the run in --out)")
         config = BenchConfig(**given)
     elif not saved_path.exists():
         if has_turns:
             raise RunDirError(f"{run_dir} has turns but no {CONFIG}: cannot tell how they were made")
+        if "tasks" not in given or "model" not in given:
+            raise RunDirError(f"{run_dir} holds no run to resume (no {CONFIG}); give --tasks and --model to start one")
         config = BenchConfig(**given)
     else:
         saved = read_json(saved_path)
@@ -155,6 +160,9 @@ def load_usable_tasks(config: BenchConfig) -> tuple[list[Task], list[str]]:
         tasks = load_tasks(config.tasks)
     if not tasks:
         raise TaskLoadError("no task loads: " + "; ".join(problems) if problems else f"{config.tasks}: no tasks")
+    duplicates = sorted(key for key, count in Counter(task.key for task in tasks).items() if count > 1)
+    if duplicates:  # records are keyed by task: two tasks of one key would share trajectories
+        raise TaskLoadError(f"{config.tasks}: duplicate task {', '.join(duplicates)}")
     selected = select_tasks(tasks, levels=config.levels, ids=config.problems, names=config.names)
     return selected, problems
 

@@ -37,4 +37,9 @@ class ServiceEvaluator:
         self.client, self.options, self.timeout_s = client, options, timeout_s  # client: service.client.AsyncClient
 
     async def evaluate(self, task: Task, code: str) -> EvalResult:
-        return await self.client.evaluate(task.code, code, self.options.to_dict(), timeout=self.timeout_s)
+        import httpx
+
+        try:
+            return await self.client.evaluate(task.code, code, self.options.to_dict(), timeout=self.timeout_s)
+        except httpx.HTTPError as exc:  # the service is down or unreachable: no verdict can be had
+            raise RuntimeError(f"the evaluation service failed: {type(exc).__name__}: {exc}") from exc

@@ -85,7 +85,7 @@ class TrajectoryWriter:
     def __init__(self, run_dir: str | Path) -> None:
         path = Path(run_dir) / TRAJECTORIES
         path.parent.mkdir(parents=True, exist_ok=True)
-        _cut_partial_line(path)
+        _repair_last_line(path)
         self.path = path
         self._file: TextIO = path.open("a")
 
@@ -104,15 +104,23 @@ class TrajectoryWriter:
         self.close()
 
 
-def _cut_partial_line(path: Path) -> None:
-    """Drop bytes after the last newline: the remains of a write a kill interrupted."""
+def _repair_last_line(path: Path) -> None:
+    """End the file on a newline: a last line a kill cut short is dropped (readers skip it too), a complete one
+    that only lacks its newline is kept (readers count it)."""
     if not path.exists():
         return
     data = path.read_bytes()
     end = data.rfind(b"\n") + 1
-    if end != len(data):
+    if end == len(data):
+        return
+    try:
+        json.loads(data[end:])
+    except ValueError:
         with path.open("r+b") as f:
             f.truncate(end)
+    else:
+        with path.open("ab") as f:
+            f.write(b"\n")
 
 
 def write_json(path: str | Path, data: Any) -> None:

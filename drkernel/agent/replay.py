@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, Union
 
 from drkernel.agent.backends import REQUEST_TAG_HEADER
-from drkernel.tasks import Task, load_candidates, pair_candidates
+from drkernel.tasks import Task, TaskSelectionError, load_candidates, pair_candidates
 
 
 @dataclass
@@ -69,9 +69,14 @@ def fenced(code: str) -> str:
 
 
 def replay_candidates(tasks: Sequence[Task], candidates: str | Path) -> ChatScript:
-    """Every task answered at every turn with its candidate (the first one, when a task has several)."""
+    """Every task answered at every turn with its candidate (the first one, when a task has several); candidates
+    that answer none of `tasks` are left out, so a folder of candidates can serve a subset of its tasks."""
     replies: dict[str, TurnReplies] = {}
-    for task, candidate in pair_candidates(tasks, load_candidates(candidates)):
+    for candidate in load_candidates(candidates):
+        try:
+            [(task, _)] = pair_candidates(tasks, [candidate])
+        except TaskSelectionError:
+            continue
         replies.setdefault(task.key, [fenced(candidate.code)])
     return ChatScript(replies)
 

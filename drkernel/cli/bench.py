@@ -19,12 +19,15 @@ from rich.table import Table
 _UNSET: Any = None  # options left unset fall back to the saved config on --resume, else to BenchConfig's defaults
 
 
-def parse_ids(text: str) -> list[int]:
-    """'1,2,19' or '1-5,19' as a list of problem ids."""
+def parse_ids(texts: list[str]) -> list[int]:
+    """'1,2,19' or '1-5,19' (the option may be repeated) as a list of problem ids."""
     from drkernel.cli.main import fail
 
     ids: list[int] = []
-    for part in text.split(","):
+    text = ",".join(texts)
+    for part in text.replace(" ", ",").split(","):
+        if not part:
+            continue
         start, dash, end = part.strip().partition("-")
         try:
             ids.extend(range(int(start), int(end) + 1) if dash else [int(start)])
@@ -37,7 +40,8 @@ def bench_command(
     out: Path = typer.Option(..., "--out", help="Run directory: trajectories.jsonl, config.json, summary.json."),
     tasks: Optional[str] = typer.Option(_UNSET, "--tasks", help="A folder of tasks, a .jsonl/.parquet, or hub:."),
     level: Optional[list[int]] = typer.Option(_UNSET, "--level", help="Only tasks of these levels."),
-    problems: Optional[str] = typer.Option(_UNSET, "--problems", help="Only these problem ids: 1,2,19 or 1-5."),
+    problems: Optional[list[str]] = typer.Option(_UNSET, "--problems", help="Only these problem ids: 1,2,19 or "
+                                                 "1-5."),
     name: Optional[list[str]] = typer.Option(_UNSET, "--name", help="Only tasks with these names (globs)."),
     model: Optional[str] = typer.Option(_UNSET, "--model", help="The served model's name, or hf:PATH (local)."),
     base_url: Optional[str] = typer.Option(_UNSET, "--base-url", help="OpenAI-compatible endpoint, e.g. .../v1"),
@@ -78,6 +82,7 @@ def bench_command(
     """Let a model write and refine kernels for each task; record every judged turn; print Fast@p per turn."""
     from drkernel.agent.backends import FatalGenerationError
     from drkernel.agent.bench import RunDirError, load_usable_tasks, prepare_run_dir, run_bench
+    from drkernel.agent.records import read_trajectories
     from drkernel.cli.main import err, fail
     from drkernel.tasks import TaskLoadError
 
@@ -91,8 +96,6 @@ def bench_command(
         "perf_trials": perf_trials, "measure_performance": None if no_perf is None else not no_perf,
     }
     given = {key: value for key, value in given.items() if value not in (None, [])}
-    if not resume and ("tasks" not in given or "model" not in given):
-        raise fail("need --tasks and --model (or --resume to continue the run in --out)")
     try:
         config = prepare_run_dir(out, given, resume)
         config.loop_config()  # reads the prompt templates: a bad file fails here, before any request
@@ -102,11 +105,13 @@ def bench_command(
     for problem in problems_found:
         err.print(f"[yellow]warning:[/yellow] skipped a task that does not load: {problem}")
     total = len(selected) * config.samples * config.turns
+    keys = {task.key for task in selected}
+    recorded = sum(r.task in keys and r.sample < config.samples for r in read_trajectories(out))
     console = Console(stderr=True)
     try:
         with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                       console=console) as progress:
-            bar = progress.add_task("turns", total=total)
+            bar = progress.add_task("turns", total=total, completed=recorded)
 
             def on_turn(record: Any) -> None:
                 progress.update(bar, advance=1, description=f"{record.task} s{record.sample} t{record.turn}: "
@@ -116,8 +121,8 @@ def bench_command(
     except FatalGenerationError as exc:
         raise fail(f"the model cannot be used: {exc}. Turns recorded so far are kept in {out}; fix the cause "
                    f"and rerun with --resume.")
-    except (RuntimeError, ValueError, TaskLoadError) as exc:  # the evaluator could not start, a model that fails
-        raise fail(f"{exc}. Turns recorded so far are kept in {out}.")
+    except (RuntimeError, ValueError, OSError, TaskLoadError) as exc:  # no evaluator, or a local model that
+        raise fail(f"{exc}. Turns recorded so far are kept in {out}.")       # does not load
     Console().print(summary_table(summary))
     for cause in sorted(set(outcome.generation_errors)):
         err.print(f"[yellow]warning:[/yellow] a model request failed for good (the trajectory ended): {cause}")
