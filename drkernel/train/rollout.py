@@ -121,6 +121,9 @@ class MultiTurnRollout:
         self.evaluator_retries = evaluator_retries
         self.evaluator_backoff_s = evaluator_backoff_s
         self.stats = RolloutStats()
+        # One event loop for the whole run: an async client (the service's) keeps connections bound to the loop
+        # that opened them, so a fresh loop per turn would find them dead.
+        self.loop = asyncio.new_event_loop()
 
     def _render(self, messages: list[dict[str, str]]) -> str:
         return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
@@ -143,7 +146,7 @@ class MultiTurnRollout:
             responses = [self._response(ids) for ids in answers]
             codes = [extract_code(r) for r in responses]
             started = time.perf_counter()
-            results = asyncio.run(self._judge([t.task for t in trajectories], codes))
+            results = self.loop.run_until_complete(self._judge([t.task for t in trajectories], codes))
             evaluation_s = time.perf_counter() - started
             self.stats.evaluation_s += evaluation_s
             for n, (traj, sample, ids) in enumerate(zip(trajectories, samples, answers)):

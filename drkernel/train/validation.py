@@ -66,7 +66,9 @@ def validate(trainer: DrKernelTrainer, step: int) -> dict[str, Any]:
     was_training = trainer.model.training
     trainer.model.eval()
     try:
-        outcome = asyncio.run(run_loop(trainer.validation_tasks, model, trainer.evaluator, loop, run_dir))
+        outcome = trainer.rollout.loop.run_until_complete(
+            run_loop(trainer.validation_tasks, model, trainer.evaluator, loop, run_dir)
+        )
     finally:
         trainer.model.train(was_training)
     summary = summarize(outcome.records)
