@@ -311,7 +311,10 @@ def test_two_steps_then_resume(tmp_path, monkeypatch, tiny_policy):
                         checked += 1
     assert checked == len(rows)
 
-    # --resume without a checkpoint is a clear error
+    # a model that does not load, and --resume without a checkpoint, are clear errors
+    with pytest.raises(ConfigError, match="model '/nonexistent/model' does not load"):
+        run_module.load_policy(load_config(TINY, ["model=/nonexistent/model"]), [])
+
     from typer.testing import CliRunner
 
     from drkernel.cli.main import app

@@ -29,7 +29,7 @@ ARCHITECTURES = ("qwen2", "qwen3", "llama")
 
 @dataclass(frozen=True)
 class PolicyShape:
-    """Size of the random model; the defaults give ~0.3 M parameters besides the embeddings."""
+    """Size of the random model; the defaults give about 75 k parameters besides the (vocab x 64) embeddings."""
 
     arch: str = "qwen2"
     vocab_size: int = 2048
