@@ -6,7 +6,6 @@ real evaluation of real code by the embedded scheduler under Triton's interprete
 
 from __future__ import annotations
 
-import asyncio
 import json
 import shutil
 from pathlib import Path

@@ -85,6 +85,8 @@ def train(config: TrainConfig, resume: bool = False, generate: GenerateFn | None
         raise ConfigError(f"--resume: no checkpoint in {config.output_dir}")
     out = Path(config.output_dir)
     out.mkdir(parents=True, exist_ok=True)
+    if config.log_samples:
+        Path(config.log_samples).parent.mkdir(parents=True, exist_ok=True)
     (out / "train_config.json").write_text(json.dumps(dataclasses.asdict(config), indent=2) + "\n")
     model, tokenizer = load_policy(config, tasks)
     with open_evaluator(config) as evaluator:

@@ -43,7 +43,7 @@ def task_dataset(tasks: Sequence[Task], templates: PromptTemplates) -> Any:
     """One row per task: the first turn's chat, as TRL's conversational `prompt` column."""
     datasets = require("datasets", "train", "Training")
     return datasets.Dataset.from_list(
-        [{"prompt": [{"role": "user", "content": first_turn_prompt(t.code, templates)}], "task": t.key} for t in tasks]
+        [{"prompt": [{"role": "user", "content": first_turn_prompt(t.code, templates)}]} for t in tasks]
     )
 
 
@@ -71,7 +71,7 @@ class DrKernelTrainer(trl.GRPOTrainer):
         self.evaluator = evaluator
         super().__init__(
             model=model,
-            reward_funcs=[trajectory_reward],
+            reward_funcs=[turn_reward_sum],
             args=config.grpo_config(),
             train_dataset=task_dataset(tasks, self.templates),
             processing_class=processing_class,
@@ -281,7 +281,7 @@ def _finite(values: list[float]) -> list[float | None]:
     return [None if math.isnan(v) else v for v in values]
 
 
-def trajectory_reward(completions: list[Any], trajectory_reward: list[float], **_: Any) -> list[float]:
+def turn_reward_sum(completions: list[Any], trajectory_reward: list[float], **_: Any) -> list[float]:
     """The sum of a trajectory's turn rewards, for TRL's reward logging; the advantages come from the turns."""
     return [float(r) for r in trajectory_reward]
 
