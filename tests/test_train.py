@@ -113,10 +113,10 @@ def test_mrs_per_turn_rejects_a_mismatched_turn_only():
 
 
 class _ScriptedEvaluator:
-    """Fails `failures` times, then says every code is correct (for the rollout's own logic, not KernelGym's)."""
+    """Fails `failures` times, then gives `status` to every code (for the rollout's own logic, not KernelGym's)."""
 
-    def __init__(self, failures: int) -> None:
-        self.failures = failures
+    def __init__(self, failures: int, status: str = "correct") -> None:
+        self.failures, self.status = failures, status
 
     async def evaluate(self, task, code):
         from drkernel.schema import EvalResult
@@ -124,7 +124,7 @@ class _ScriptedEvaluator:
         if self.failures:
             self.failures -= 1
             raise ConnectionError("evaluator down")
-        return EvalResult(status="correct", correct=True)
+        return EvalResult(status=self.status, correct=self.status == "correct")
 
 
 @pytest.fixture(scope="module")
@@ -178,6 +178,14 @@ def test_evaluator_down_retries_then_fails_the_step(tiny_policy):
     _, rollout, traj = _rollout(tiny_policy, _ScriptedEvaluator(2), [answer])
     with pytest.raises(EvaluatorUnavailable, match="the evaluator failed 2 times in a row for task 2_relu: ConnectionError"):
         rollout.run([traj], [0])
+
+
+def test_crashed_evaluation_is_reward_zero_and_counted(tiny_policy):
+    code = (CANDIDATES / "2_relu__triton.py").read_text()
+    _, rollout, traj = _rollout(tiny_policy, _ScriptedEvaluator(0, "crashed"), [f"```python\n{code}```"] * 2)
+    rollout.run([traj], [0])
+    assert [(r.status, r.reward) for r in traj.records] == [("crashed", 0.0), ("crashed", 0.0)]
+    assert (rollout.stats.evaluations, rollout.stats.crashed) == (2, 2)
 
 
 # --- training -------------------------------------------------------------------------------------------------
