@@ -149,6 +149,12 @@ class TrainConfig:
     def grpo_config(self) -> Any:
         """TRL's GRPOConfig for this run: one generation batch per optimizer step, checkpoints in output_dir."""
         trl = require("trl", "train", "Training")
+        try:
+            return self._grpo_config(trl)
+        except ValueError as exc:  # TRL's own checks, e.g. a batch that does not hold whole groups
+            raise ConfigError(str(exc)) from exc
+
+    def _grpo_config(self, trl: Any) -> Any:
         return trl.GRPOConfig(
             output_dir=self.output_dir,
             num_generations=self.num_generations,
