@@ -202,7 +202,8 @@ class DrKernelTrainer(trl.GRPOTrainer):
                     f.write(json.dumps({
                         "step": step, "prompt_id": s.prompt_id, "sample": s.sample, "turn": s.turn, "task": r["task"],
                         "reward": s.reward, "return": s.ret, "advantage": s.advantage, "correct": r["correct"],
-                        "coverage": r["coverage"], "kept": s.kept, "why_not": s.why_not,
+                        "coverage": r["coverage"], "kept": s.kept, "why_not": s.why_not, "status": r["status"],
+                        "speedup": r["speedup"],
                     }) + "\n")
 
     def prs_seed(self, global_step: int) -> int:
