@@ -112,6 +112,63 @@ def section_kernelbench(args: argparse.Namespace) -> dict:
             "max_overhead_s": max(overheads) if overheads else None, "problems": rows}
 
 
+def section_agent(args: argparse.Namespace) -> dict:
+    """`drkernel bench` over the level-1 problems, a scripted endpoint replaying their candidates (1 sample, 1 turn),
+    against the embedded scheduler on the same requests: the loop must add no serialization (target >= 90%)."""
+    tasks = [task for task, _ in pair_candidates(load_jsonl(args.kernelbench), load_candidates(L1))]
+    return agent_vs_scheduler(tasks, L1, OPTIONS, args.out / "agent_run")
+
+
+def agent_vs_scheduler(tasks: list, candidates: Path, options: EvalOptions, run_dir: Path,
+                       workers: int | None = None) -> dict:
+    """Evaluations per minute of the scheduler alone and of `drkernel bench` (in this process, from task loading to
+    the summary) on the same candidates, each with a cold Triton cache, and whether their verdicts agree."""
+    import shutil
+
+    from drkernel.agent.parsing import extract_code
+    from drkernel.agent.records import read_trajectories
+    from drkernel.agent.replay import ScriptedChatServer, replay_candidates
+    from drkernel.cli.main import app
+
+    script = replay_candidates(tasks, candidates)
+    requests = [EvalRequest(t.code, extract_code(script.reply(t.key, 0, 1).content), options, task_name=t.key)
+                for t in tasks]
+    fresh_triton_cache("agent-scheduler")
+    start = time.monotonic()
+    with Scheduler(device=options.device, workers=workers) as scheduler:
+        results = scheduler.evaluate_many(requests)
+    scheduler_wall = time.monotonic() - start
+
+    run_dir.parent.mkdir(parents=True, exist_ok=True)
+    shutil.rmtree(run_dir, ignore_errors=True)
+    tasks_file = run_dir.parent / "agent_tasks.jsonl"
+    tasks_file.write_text("".join(json.dumps({"name": t.name, "code": t.code, "level": t.level,
+                                              "problem_id": t.problem_id}) + "\n" for t in tasks))
+    command = ["bench", "--tasks", str(tasks_file), "--model", "replay", "--samples", "1", "--turns", "1",
+               "--device", options.device, "--timeout", str(options.timeout_s), "--trials",
+               str(options.correctness_trials), "--perf-trials", str(options.perf_trials),
+               "--concurrency", str(len(tasks)), "--out", str(run_dir)]
+    command += ["--workers", str(workers)] if workers else []
+    command += [] if options.measure_performance else ["--no-perf"]
+    fresh_triton_cache("agent-bench")
+    with ScriptedChatServer(script) as server:
+        start = time.monotonic()
+        code = app([*command, "--base-url", server.url], standalone_mode=False)
+        bench_wall = time.monotonic() - start
+    if code:
+        raise RuntimeError(f"drkernel bench exited with {code}")
+    bench_status = {r.task: r.status for r in read_trajectories(run_dir)}
+    scheduler_status = {t.key: r.status for t, r in zip(tasks, results)}
+    per_minute = {"scheduler": 60 * len(tasks) / scheduler_wall, "bench": 60 * len(bench_status) / bench_wall}
+    return {
+        "evaluations": len(tasks), "bench_turns": len(bench_status), "model_requests": len(server.requests),
+        "scheduler": {"wall_s": scheduler_wall, "per_minute": per_minute["scheduler"]},
+        "bench": {"wall_s": bench_wall, "per_minute": per_minute["bench"]},
+        "ratio": per_minute["bench"] / per_minute["scheduler"],
+        "disagreements": {k: [v, bench_status.get(k)] for k, v in scheduler_status.items() if bench_status.get(k) != v},
+    }
+
+
 def section_onebyone(args: argparse.Namespace) -> dict:
     """The naive way: one `drkernel eval` process per problem, nothing kept warm."""
     pairs = kernelbench_pairs(args.kernelbench)

@@ -114,6 +114,15 @@ from drkernel.cli.synth import synth_command  # noqa: E402
 app.command("serve")(serve_command)
 app.command("synth")(synth_command)
 
+from drkernel.cli.bench import bench_command, export_sft_command  # noqa: E402  (after `app`, `err` and `fail`, which it uses)
+
+app.command("bench")(bench_command)
+app.command("export-sft")(export_sft_command)
+
+from drkernel.cli.train import train_command  # noqa: E402  (after `app`, `err` and `fail`, which it uses)
+
+app.command("train")(train_command)
+
 
 def main() -> None:
     app()

@@ -1,0 +1,217 @@
+"""Model backends: any OpenAI-compatible chat endpoint (vLLM, SGLang, OpenAI, gateways) and local transformers.
+
+The endpoint client is plain httpx, async, so hundreds of requests can be in flight while the evaluator works.
+Transient failures (429, 5xx, connection errors, timeouts) are retried with exponential backoff and jitter,
+honouring Retry-After; what retrying cannot fix (a refused key, an unknown model, an unreachable server) stops the
+run with a message naming the cause, instead of recording a failed turn for every trajectory.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import email.utils
+import os
+import random
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from drkernel.tasks.loaders import require
+
+REQUEST_TAG_HEADER = "X-Drkernel-Request"  # "task/sample/turn": ignored by real servers, read by the scripted one
+RETRY_STATUSES = frozenset({408, 409, 425, 429, 500, 502, 503, 504})
+MAX_RETRY_AFTER_S = 300.0
+
+
+class GenerationError(RuntimeError):
+    """The model call failed for good for this turn (after retries): the turn is recorded as a generation error."""
+
+
+class FatalGenerationError(GenerationError):
+    """No later request can succeed either (wrong key, unknown model, unreachable server): the run stops."""
+
+
+@dataclass
+class SamplingParams:
+    """Passed through to the model. The paper evaluates with temperature 1.0, top_p 0.95 and 8192 new tokens."""
+
+    temperature: float = 1.0
+    top_p: float = 0.95
+    max_tokens: int = 8192
+    stop: list[str] = field(default_factory=list)
+    seed: int | None = None  # sample i asks with seed + i, so samples differ yet a rerun repeats them
+
+
+@dataclass
+class Completion:
+    text: str
+    usage: dict[str, int]  # prompt_tokens, completion_tokens
+    finish_reason: str | None = None
+
+
+class ChatModel(Protocol):
+    async def complete(
+        self, messages: list[dict[str, str]], params: SamplingParams, seed: int | None = None, tag: str = ""
+    ) -> Completion: ...
+
+    async def close(self) -> None: ...
+
+
+@dataclass
+class OpenAIChatConfig:
+    base_url: str  # e.g. http://localhost:8000/v1
+    model: str
+    api_key_env: str = "OPENAI_API_KEY"  # no key is sent when the variable is unset (local servers need none)
+    timeout_s: float = 600.0  # per request
+    max_retries: int = 5
+    backoff_s: float = 1.0  # first retry waits about this long, doubling each time
+    max_backoff_s: float = 60.0
+
+
+class OpenAIChatModel:
+    """POST {base_url}/chat/completions with retries; usage taken from the response."""
+
+    def __init__(self, config: OpenAIChatConfig) -> None:
+        httpx = require("httpx", "agent", "talking to an OpenAI-compatible endpoint")
+        self.config = config
+        key = os.environ.get(config.api_key_env)
+        headers = {"Authorization": f"Bearer {key}"} if key else {}
+        self._httpx = httpx
+        self._http = httpx.AsyncClient(
+            base_url=config.base_url.rstrip("/") + "/", headers=headers, timeout=config.timeout_s,
+            limits=httpx.Limits(max_connections=None, max_keepalive_connections=64),
+        )
+
+    async def complete(
+        self, messages: list[dict[str, str]], params: SamplingParams, seed: int | None = None, tag: str = ""
+    ) -> Completion:
+        body: dict[str, Any] = {
+            "model": self.config.model, "messages": messages, "temperature": params.temperature,
+            "top_p": params.top_p, "max_tokens": params.max_tokens,
+        }
+        if params.stop:
+            body["stop"] = params.stop
+        if seed is not None:
+            body["seed"] = seed
+        headers = {REQUEST_TAG_HEADER: tag} if tag else {}
+        cause = ""
+        for attempt in range(self.config.max_retries + 1):
+            wait = self._backoff(attempt)
+            try:
+                response = await self._http.post("chat/completions", json=body, headers=headers)
+            except self._httpx.ConnectError as exc:
+                cause, unreachable = f"cannot connect to {self.config.base_url}: {exc or type(exc).__name__}", True
+            except self._httpx.TimeoutException as exc:
+                cause, unreachable = f"no answer within {self.config.timeout_s:g} s ({type(exc).__name__})", False
+            except self._httpx.TransportError as exc:
+                cause, unreachable = f"connection failed: {type(exc).__name__}: {exc}", False
+            else:
+                if response.is_success:
+                    return self._completion(response)
+                cause, unreachable = self._refusal(response), False
+                if response.status_code not in RETRY_STATUSES:
+                    if response.status_code in (401, 403, 404):
+                        raise FatalGenerationError(cause)
+                    raise GenerationError(cause)
+                wait = max(wait, _retry_after(response.headers.get("Retry-After")))
+            if attempt < self.config.max_retries:
+                await asyncio.sleep(wait)
+        if unreachable:
+            raise FatalGenerationError(f"{cause} (after {self.config.max_retries} retries)")
+        raise GenerationError(f"{cause} (after {self.config.max_retries} retries)")
+
+    def _backoff(self, attempt: int) -> float:
+        """Exponential with full jitter, so many trajectories refused at once do not come back at once."""
+        return random.uniform(0.5, 1.0) * min(self.config.max_backoff_s, self.config.backoff_s * 2 ** attempt)
+
+    def _refusal(self, response: Any) -> str:
+        where = f"{self.config.base_url} (model {self.config.model!r})"
+        detail = response.text[:300].strip()
+        if response.status_code in (401, 403):
+            unset = "" if os.environ.get(self.config.api_key_env) else ", which is not set"
+            return (f"{where} refused the API key from ${self.config.api_key_env}{unset} "
+                    f"(HTTP {response.status_code}): {detail}")
+        if response.status_code == 404:
+            return f"{where}: model or endpoint not found (HTTP 404): {detail}"
+        return f"{where} answered HTTP {response.status_code}: {detail}"
+
+    def _completion(self, response: Any) -> Completion:
+        try:
+            data = response.json()
+            choice = data["choices"][0]
+            text = choice["message"].get("content") or ""
+        except (ValueError, KeyError, IndexError, TypeError, AttributeError) as exc:
+            raise GenerationError(f"{self.config.base_url} sent a response that is not a chat completion: "
+                                  f"{response.text[:300]!r}") from exc
+        usage = data.get("usage") or {}
+        return Completion(
+            text=text,
+            usage={"prompt_tokens": int(usage.get("prompt_tokens") or 0),
+                   "completion_tokens": int(usage.get("completion_tokens") or 0)},
+            finish_reason=choice.get("finish_reason"),
+        )
+
+    async def close(self) -> None:
+        await self._http.aclose()
+
+
+def _retry_after(value: str | None) -> float:
+    """Seconds asked for by a Retry-After header (a number or an HTTP date), capped; 0 when absent."""
+    if not value:
+        return 0.0
+    try:
+        seconds = float(value)
+    except ValueError:
+        parsed = email.utils.parsedate_to_datetime(value) if value.strip() else None
+        seconds = parsed.timestamp() - time.time() if parsed else 0.0
+    return min(max(seconds, 0.0), MAX_RETRY_AFTER_S)
+
+
+class HFChatModel:
+    """A local transformers model (`--model hf:PATH`), for small models and tests.
+
+    Generation runs in a worker thread, one call at a time (a model is not safe to drive from several threads),
+    so the event loop keeps feeding the evaluator meanwhile. The chat template is the tokenizer's.
+    """
+
+    def __init__(self, path: str, device: str = "cpu") -> None:
+        if path.startswith(("/", ".", "~")) and not os.path.isdir(os.path.expanduser(path)):
+            raise ValueError(f"hf:{path}: no such folder (expected a model saved with save_pretrained)")
+        path = os.path.expanduser(path)
+        transformers = require("transformers", "train", "running a local Hugging Face model")
+        self.tokenizer = transformers.AutoTokenizer.from_pretrained(path)
+        if self.tokenizer.chat_template is None:
+            raise ValueError(f"the tokenizer at {path} has no chat template")
+        self.model = transformers.AutoModelForCausalLM.from_pretrained(path).to(device).eval()
+        self.device = device
+        self._lock = threading.Lock()
+
+    async def complete(
+        self, messages: list[dict[str, str]], params: SamplingParams, seed: int | None = None, tag: str = ""
+    ) -> Completion:
+        return await asyncio.to_thread(self._generate, messages, params, seed)
+
+    def _generate(self, messages: list[dict[str, str]], params: SamplingParams, seed: int | None) -> Completion:
+        import torch
+
+        ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt",
+                                                 return_dict=True)["input_ids"].to(self.device)
+        sampling = params.temperature > 0
+        with self._lock, torch.no_grad():
+            if seed is not None:
+                torch.manual_seed(seed)
+            output = self.model.generate(
+                ids, attention_mask=torch.ones_like(ids), max_new_tokens=params.max_tokens, do_sample=sampling,
+                temperature=params.temperature if sampling else None, top_p=params.top_p if sampling else None,
+                pad_token_id=self.tokenizer.pad_token_id or self.tokenizer.eos_token_id,
+            )
+        new = output[0, ids.shape[1]:]
+        text = self.tokenizer.decode(new, skip_special_tokens=True)
+        for stop in params.stop:
+            text = text.split(stop, 1)[0]
+        return Completion(text, {"prompt_tokens": int(ids.shape[1]), "completion_tokens": int(new.shape[0])},
+                          "length" if new.shape[0] >= params.max_tokens else "stop")
+
+    async def close(self) -> None:
+        return None

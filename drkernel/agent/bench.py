@@ -1,0 +1,217 @@
+"""`drkernel bench` as a library: a run's configuration, its model and evaluator, the loop, the summary.
+
+The configuration is saved as RUN_DIR/config.json; `resume` takes it back, so a killed run continues with the
+settings it started with. Settings that shape the trajectories (tasks, model, samples, context, sampling, prompts,
+reward) cannot change on resume; `turns` may grow (continue a finished run for more turns), and how the run is
+served (endpoint, concurrency, timeouts, evaluation engine) may change.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import os
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from drkernel.agent.backends import ChatModel, HFChatModel, OpenAIChatConfig, OpenAIChatModel, SamplingParams
+from drkernel.agent.context import ContextPolicy
+from drkernel.agent.evaluate import BackendEvaluator, Evaluator, ServiceEvaluator
+from drkernel.agent.loop import LoopConfig, LoopOutcome, run_loop
+from drkernel.agent.prompts import PromptTemplates
+from drkernel.agent.records import (
+    CONFIG,
+    SUMMARY,
+    TRAJECTORIES,
+    TurnRecord,
+    read_json,
+    read_trajectories,
+    write_json,
+)
+from drkernel.agent.summary import summarize
+from drkernel.rl import RewardConfig
+from drkernel.schema import EvalOptions
+from drkernel.tasks import Task, TaskLoadError, load_tasks, select_tasks
+from drkernel.tasks.loaders import load_task_file, python_files, read_jsonl, task_from_row
+
+HF_PREFIX = "hf:"
+
+
+@dataclass
+class BenchConfig:
+    tasks: str
+    model: str  # a served model's name, or hf:PATH for a local transformers model
+    base_url: str | None = None
+    api_key_env: str = "OPENAI_API_KEY"
+    levels: list[int] | None = None
+    problems: list[int] | None = None
+    names: list[str] | None = None
+    samples: int = 1
+    turns: int = 1
+    context: str = "full"
+    temperature: float = 1.0
+    top_p: float = 0.95
+    max_tokens: int = 8192
+    stop: list[str] = field(default_factory=list)
+    seed: int | None = None
+    prompts: str | None = None  # a TOML or JSON file of PromptTemplates overrides
+    profiling_reward: bool = False
+    concurrency: int = 32
+    request_timeout_s: float = 600.0
+    retries: int = 5
+    device: str = "auto"
+    workers: int | None = None
+    ray: str | None = None
+    service: str | None = None  # URL of a `drkernel serve` service
+    service_token_env: str = "DRKERNEL_TOKEN"
+    timeout_s: float = 180.0
+    correctness_trials: int = 5
+    perf_trials: int = 20
+    measure_performance: bool = True
+
+    def __post_init__(self) -> None:
+        ContextPolicy.parse(self.context)  # fail early on a bad policy
+        if not self.model.startswith(HF_PREFIX) and not self.base_url:
+            raise ValueError(f"--base-url is needed for the served model {self.model!r} (or use --model hf:PATH)")
+        LoopConfig(self.samples, self.turns, concurrency=self.concurrency)
+        self.eval_options()
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def loop_config(self) -> LoopConfig:
+        return LoopConfig(
+            samples=self.samples, turns=self.turns, context=ContextPolicy.parse(self.context),
+            sampling=SamplingParams(self.temperature, self.top_p, self.max_tokens, list(self.stop), self.seed),
+            concurrency=self.concurrency, reward=RewardConfig(profiling_reward=self.profiling_reward),
+            templates=PromptTemplates.from_file(self.prompts) if self.prompts else PromptTemplates(),
+        )
+
+    def eval_options(self) -> EvalOptions:
+        return EvalOptions(device=self.device, timeout_s=self.timeout_s, correctness_trials=self.correctness_trials,
+                           perf_trials=self.perf_trials, measure_performance=self.measure_performance)
+
+
+FIXED_ON_RESUME = ("tasks", "model", "levels", "problems", "names", "samples", "context", "temperature", "top_p",
+                   "max_tokens", "stop", "seed", "prompts", "profiling_reward")
+
+
+class RunDirError(ValueError):
+    """The run directory does not fit the request (a run already there, or settings that differ on resume)."""
+
+
+def prepare_run_dir(run_dir: Path, given: dict[str, Any], resume: bool) -> BenchConfig:
+    """The run's configuration: `given` (settings named on the command line) over the saved one when resuming.
+
+    A fresh run refuses a directory that already holds turns, so nothing recorded is overwritten or mixed.
+    """
+    saved_path = run_dir / CONFIG
+    has_turns = (run_dir / TRAJECTORIES).exists() and (run_dir / TRAJECTORIES).stat().st_size > 0
+    if not resume:
+        if has_turns:
+            raise RunDirError(f"{run_dir} already holds a run; pass --resume to continue it, or choose another --out")
+        if "tasks" not in given or "model" not in given:
+            raise RunDirError("need --tasks and --model (or --resume to continue the run in --out)")
+        config = BenchConfig(**given)
+    elif not saved_path.exists():
+        if has_turns:
+            raise RunDirError(f"{run_dir} has turns but no {CONFIG}: cannot tell how they were made")
+        if "tasks" not in given or "model" not in given:
+            raise RunDirError(f"{run_dir} holds no run to resume (no {CONFIG}); give --tasks and --model to start one")
+        config = BenchConfig(**given)
+    else:
+        saved = read_json(saved_path)
+        changed = [key for key in FIXED_ON_RESUME if key in given and given[key] != saved.get(key)]
+        if changed:
+            listed = ", ".join(f"{key} ({saved.get(key)!r} -> {given[key]!r})" for key in changed)
+            raise RunDirError(f"--resume cannot change what the recorded trajectories were made with: {listed}")
+        known = {f.name for f in dataclasses.fields(BenchConfig)}
+        config = BenchConfig(**{**{k: v for k, v in saved.items() if k in known}, **given})
+    write_json(saved_path, config.to_dict())
+    return config
+
+
+def load_usable_tasks(config: BenchConfig) -> tuple[list[Task], list[str]]:
+    """The selected tasks that load, and a problem line for each that does not: a broken task file costs that
+    task, not the run. `TaskLoadError` only when nothing usable is left (or the selection is wrong)."""
+    path = Path(config.tasks)
+    problems: list[str] = []
+    if path.is_dir():
+        tasks = []
+        for file, _level in python_files(path):
+            try:
+                tasks.append(load_task_file(file))
+            except TaskLoadError as exc:
+                problems.append(str(exc).replace("\n", " "))
+    elif path.suffix == ".jsonl" and path.is_file():
+        rows, problems = read_jsonl(path)
+        tasks = []
+        for where, row in rows:
+            try:
+                task = task_from_row(row, str(path))
+                task.check()
+                tasks.append(task)
+            except TaskLoadError as exc:
+                problems.append(f"{where}: {exc}")
+    else:
+        tasks = load_tasks(config.tasks)
+    if not tasks:
+        raise TaskLoadError("no task loads: " + "; ".join(problems) if problems else f"{config.tasks}: no tasks")
+    duplicates = sorted(key for key, count in Counter(task.key for task in tasks).items() if count > 1)
+    if duplicates:  # records are keyed by task: two tasks of one key would share trajectories
+        raise TaskLoadError(f"{config.tasks}: duplicate task {', '.join(duplicates)}")
+    selected = select_tasks(tasks, levels=config.levels, ids=config.problems, names=config.names)
+    return selected, problems
+
+
+def make_model(config: BenchConfig) -> ChatModel:
+    if config.model.startswith(HF_PREFIX):
+        return HFChatModel(config.model[len(HF_PREFIX):], device="cuda" if config.device == "cuda" else "cpu")
+    assert config.base_url is not None
+    return OpenAIChatModel(OpenAIChatConfig(config.base_url, config.model, config.api_key_env,
+                                            config.request_timeout_s, config.retries))
+
+
+def open_evaluator(config: BenchConfig) -> tuple[Evaluator, Callable[[], Any]]:
+    """The evaluator and how to close it: the service when given, else Ray when given, else the embedded
+    scheduler."""
+    options = config.eval_options()
+    if config.service:
+        from drkernel.service.client import AsyncClient
+
+        client = AsyncClient(config.service, token=os.environ.get(config.service_token_env))
+        return ServiceEvaluator(client, options), client.close
+    if config.ray:
+        from drkernel.scheduling.ray_backend import RayBackend
+
+        backend: Any = RayBackend(address=config.ray, device=config.device)
+    else:
+        from drkernel.scheduling.scheduler import Scheduler
+
+        backend = Scheduler(device=config.device, workers=config.workers)
+    return BackendEvaluator(backend, options), backend.close
+
+
+async def run_bench(
+    config: BenchConfig, tasks: list[Task], run_dir: Path, on_turn: Callable[[TurnRecord], None] | None = None
+) -> tuple[LoopOutcome, dict[str, Any]]:
+    """Run the loop with the configured model and evaluator, then write RUN_DIR/summary.json (also after a fatal
+    model error, over what was recorded)."""
+    model = make_model(config)
+    evaluator, close_evaluator = open_evaluator(config)
+    try:
+        outcome = await run_loop(tasks, model, evaluator, config.loop_config(), run_dir, on_turn)
+    finally:
+        await model.close()
+        closed = close_evaluator()
+        if asyncio.iscoroutine(closed):
+            await closed
+        write_summary(run_dir)
+    return outcome, read_json(run_dir / SUMMARY)
+
+
+def write_summary(run_dir: Path) -> None:
+    write_json(run_dir / SUMMARY, summarize(read_trajectories(run_dir)))

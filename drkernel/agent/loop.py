@@ -1,0 +1,137 @@
+"""The loop: prompt -> model -> code -> evaluator -> feedback -> next prompt, for many trajectories at once.
+
+Each trajectory (task, sample) is one coroutine: its turn t+1 is asked as soon as turn t is judged, and
+`concurrency` bounds how many trajectories are in flight. Generation and evaluation overlap across trajectories
+because the evaluator queues work itself (the scheduler's workers, Ray actors or the service), so neither the model
+server nor the GPUs wait on the loop. A turn is recorded once it is judged; a resumed run rebuilds each trajectory's
+context from its records and asks only the turns that are missing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from drkernel.agent.backends import ChatModel, FatalGenerationError, GenerationError, SamplingParams
+from drkernel.agent.context import ContextPolicy, ShownTurn, build_messages
+from drkernel.agent.evaluate import Evaluator
+from drkernel.agent.parsing import extract_code
+from drkernel.agent.prompts import PromptTemplates, feedback_prompt, first_turn_prompt
+from drkernel.agent.records import (
+    FORMAT_ERROR,
+    GENERATION_ERROR,
+    TrajectoryWriter,
+    TurnRecord,
+    by_trajectory,
+    read_trajectories,
+)
+from drkernel.rl import RewardConfig, reward
+from drkernel.tasks import Task
+
+
+@dataclass
+class LoopConfig:
+    """What shapes the trajectories. The paper's STTS evaluation: 8 samples, 14 turns, window:4."""
+
+    samples: int = 1
+    turns: int = 1
+    context: ContextPolicy = field(default_factory=ContextPolicy)
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    concurrency: int = 32
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    templates: PromptTemplates = field(default_factory=PromptTemplates)
+
+    def __post_init__(self) -> None:
+        if self.samples < 1 or self.turns < 1 or self.concurrency < 1:
+            raise ValueError("samples, turns and concurrency must be at least 1")
+
+
+@dataclass
+class LoopOutcome:
+    records: list[TurnRecord]  # every turn of the run, earlier sessions' included, in file order
+    new_turns: int  # turns this call judged and recorded
+    generation_errors: list[str]  # causes, one per turn whose model call failed for good in this call
+
+
+async def run_loop(
+    tasks: Sequence[Task],
+    model: ChatModel,
+    evaluator: Evaluator,
+    config: LoopConfig,
+    run_dir: str | Path,
+    on_turn: Callable[[TurnRecord], None] | None = None,
+) -> LoopOutcome:
+    """Run (or resume) every trajectory of `tasks` x `config.samples` up to `config.turns` turns.
+
+    A trajectory whose last recorded turn is a generation error is over. `FatalGenerationError` (a refused key,
+    an unknown model, an unreachable server) cancels every trajectory in flight and propagates; what was
+    recorded before stays recorded.
+    """
+    earlier = by_trajectory(read_trajectories(run_dir))
+    gate = asyncio.Semaphore(config.concurrency)
+    new: list[TurnRecord] = []
+    errors: list[str] = []
+    with TrajectoryWriter(run_dir) as writer:
+
+        async def trajectory(task: Task, sample: int) -> None:
+            history = list(earlier.get((task.key, sample), []))
+            if len(history) >= config.turns or (history and history[-1].status == GENERATION_ERROR):
+                return
+            async with gate:
+                first = first_turn_prompt(task.code, config.templates)
+                for turn in range(len(history) + 1, config.turns + 1):
+                    record = await _turn(task, sample, turn, first, history, model, evaluator, config)
+                    writer.append(record)
+                    new.append(record)
+                    history.append(record)
+                    if on_turn is not None:
+                        on_turn(record)
+                    if record.status == GENERATION_ERROR:
+                        errors.append(record.feedback)
+                        return
+
+        jobs = [asyncio.ensure_future(trajectory(t, s)) for t in tasks for s in range(config.samples)]
+        try:
+            if jobs:
+                await asyncio.gather(*jobs)
+        finally:
+            for job in jobs:
+                job.cancel()
+            await asyncio.gather(*jobs, return_exceptions=True)
+    return LoopOutcome(read_trajectories(run_dir), len(new), errors)
+
+
+async def _turn(
+    task: Task, sample: int, turn: int, first_prompt: str, history: list[TurnRecord], model: ChatModel,
+    evaluator: Evaluator, config: LoopConfig,
+) -> TurnRecord:
+    shown = [ShownTurn(r.response, r.feedback, r.reward) for r in history]
+    messages, context_turns = build_messages(first_prompt, shown, config.context)
+    seed = None if config.sampling.seed is None else config.sampling.seed + sample
+    record = TurnRecord(task=task.key, level=task.level, sample=sample, turn=turn, messages=messages, response="",
+                        code=None, result=None, reward=0.0, feedback="", context_turns=context_turns)
+    started = time.monotonic()
+    try:
+        completion = await model.complete(messages, config.sampling, seed=seed, tag=f"{task.key}/{sample}/{turn}")
+    except FatalGenerationError:
+        raise
+    except GenerationError as exc:
+        record.status, record.feedback = GENERATION_ERROR, str(exc)
+        record.timings = {"generation_s": time.monotonic() - started, "evaluation_s": 0.0}
+        return record
+    generated = time.monotonic()
+    record.response, record.usage = completion.text, completion.usage
+    record.code = extract_code(completion.text)
+    if record.code is None:
+        record.status = FORMAT_ERROR
+        record.feedback = feedback_prompt(None, None, config.templates)
+    else:
+        result = await evaluator.evaluate(task, record.code)
+        record.result, record.status = result.to_dict(), result.status
+        record.reward = reward(result, config.reward)
+        record.feedback = feedback_prompt(result, record.code, config.templates)
+    record.timings = {"generation_s": generated - started, "evaluation_s": time.monotonic() - generated}
+    return record

@@ -1,0 +1,144 @@
+"""A run directory: `trajectories.jsonl` (one line per judged turn), `config.json` and `summary.json`.
+
+A turn is appended, flushed and synced as soon as it is judged, so a killed run loses at most the turns in flight
+and `--resume` rebuilds every trajectory from these lines alone. A kill in the middle of a write leaves a partial
+last line: readers skip it and the next writer cuts it off before appending.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+
+TRAJECTORIES = "trajectories.jsonl"
+CONFIG = "config.json"
+SUMMARY = "summary.json"
+
+FORMAT_ERROR = "format_error"  # the answer had no code block defining ModelNew
+GENERATION_ERROR = "generation_error"  # the model call failed for good (after retries): the trajectory ends
+
+
+@dataclass
+class TurnRecord:
+    """One judged turn of one trajectory (task, sample)."""
+
+    task: str  # Task.key
+    level: int | None
+    sample: int  # 0-based
+    turn: int  # 1-based
+    messages: list[dict[str, str]]  # the chat the model saw
+    response: str
+    code: str | None
+    result: dict[str, Any] | None  # EvalResult.to_dict(); None when there was no code
+    reward: float
+    feedback: str  # what a later turn shows after this turn's answer
+    context_turns: list[int]  # 1-based turns the prompt showed
+    usage: dict[str, int] = field(default_factory=dict)  # prompt_tokens, completion_tokens
+    timings: dict[str, float] = field(default_factory=dict)  # generation_s, evaluation_s
+    status: str = FORMAT_ERROR  # the result's status, format_error or generation_error
+
+    @property
+    def correct(self) -> bool:
+        return bool(self.result and self.result.get("correct"))
+
+    @property
+    def speedup(self) -> float | None:
+        return self.result.get("speedup") if self.result else None
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> TurnRecord:
+        known = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in known})
+
+
+def read_trajectories(run_dir: str | Path) -> list[TurnRecord]:
+    """Every recorded turn in file order; none when the file is absent. A partial last line (a kill mid-write) is
+    skipped; a malformed line elsewhere is an error naming its line number."""
+    path = Path(run_dir) / TRAJECTORIES
+    if not path.exists():
+        return []
+    lines = path.read_text().split("\n")
+    records = []
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            records.append(TurnRecord.from_dict(json.loads(line)))
+        except (json.JSONDecodeError, TypeError) as exc:
+            if number == len(lines):  # written without its newline: the write was cut short
+                break
+            raise ValueError(f"{path}:{number}: not a turn record: {exc}") from exc
+    return records
+
+
+class TrajectoryWriter:
+    """Appends turn records to RUN_DIR/trajectories.jsonl, one flushed and synced line each."""
+
+    def __init__(self, run_dir: str | Path) -> None:
+        path = Path(run_dir) / TRAJECTORIES
+        path.parent.mkdir(parents=True, exist_ok=True)
+        _repair_last_line(path)
+        self.path = path
+        self._file: TextIO = path.open("a")
+
+    def append(self, record: TurnRecord) -> None:
+        self._file.write(json.dumps(record.to_dict(), allow_nan=False) + "\n")
+        self._file.flush()
+        os.fsync(self._file.fileno())
+
+    def close(self) -> None:
+        self._file.close()
+
+    def __enter__(self) -> TrajectoryWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _repair_last_line(path: Path) -> None:
+    """End the file on a newline: a last line a kill cut short is dropped (readers skip it too), a complete one
+    that only lacks its newline is kept (readers count it)."""
+    if not path.exists():
+        return
+    data = path.read_bytes()
+    end = data.rfind(b"\n") + 1
+    if end == len(data):
+        return
+    try:
+        json.loads(data[end:])
+    except ValueError:
+        with path.open("r+b") as f:
+            f.truncate(end)
+    else:
+        with path.open("ab") as f:
+            f.write(b"\n")
+
+
+def write_json(path: str | Path, data: Any) -> None:
+    """Write atomically (temporary file, then rename), so a kill never leaves half a config or summary."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(data, indent=2, allow_nan=False) + "\n")
+    tmp.replace(path)
+
+
+def read_json(path: str | Path) -> Any:
+    return json.loads(Path(path).read_text())
+
+
+def by_trajectory(records: Iterable[TurnRecord]) -> dict[tuple[str, int], list[TurnRecord]]:
+    """Records grouped by (task, sample), each group ordered by turn."""
+    groups: dict[tuple[str, int], list[TurnRecord]] = {}
+    for record in records:
+        groups.setdefault((record.task, record.sample), []).append(record)
+    return {key: sorted(turns, key=lambda r: r.turn) for key, turns in groups.items()}

@@ -1,0 +1,162 @@
+"""The agent loop's pure pieces: parsing, context policies, prompts, records."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from drkernel.agent.context import ContextPolicy, ShownTurn, build_messages, select_context
+from drkernel.agent.parsing import extract_code
+from drkernel.agent.prompts import PromptTemplates, feedback_prompt, first_turn_prompt
+from drkernel.agent.records import TrajectoryWriter, TurnRecord, read_trajectories
+from drkernel.schema import ErrorInfo, EvalResult, Status
+
+GOOD = "import torch\n\nclass ModelNew(torch.nn.Module):\n    pass\n"
+
+# ---------------------------------------------------------------- parsing
+
+
+def test_extract_code_takes_the_last_block_that_defines_modelnew():
+    response = (
+        "First try:\n```python\nclass ModelNew:\n    a = 1\n```\n"
+        "Better:\n```python\nclass ModelNew:\n    a = 2\n```\n"
+        "Use it like this:\n```python\nmodel = ModelNew()\n```\n"
+    )
+    assert extract_code(response) == "class ModelNew:\n    a = 2\n"
+
+
+def test_extract_code_fences_and_misses():
+    assert extract_code(f"~~~py\n{GOOD}~~~") == GOOD
+    assert extract_code(f"````\n{GOOD}```\ninner\n````\n") == f"{GOOD}```\ninner\n"
+    assert extract_code("class ModelNew: pass") is None  # not fenced
+    assert extract_code("```python\nclass Model:\n    pass\n```") is None  # no ModelNew
+    assert extract_code("```python\nclass ModelNewer:\n    pass\n```") is None
+    assert extract_code(f"```python\n{GOOD}") is None  # never closed (a cut-off answer)
+    assert extract_code("") is None
+
+
+# ---------------------------------------------------------------- context policies
+
+
+@pytest.mark.parametrize(
+    ("policy", "rewards", "expected"),
+    [
+        ("full", [0, 1, 0.5], [0, 1, 2]),
+        ("last:2", [0, 1, 0.5, 0.2], [2, 3]),
+        ("last:5", [0, 1], [0, 1]),
+        ("topk:2", [0.5, 1.0, 0.5, 0.0], [1, 2]),  # the tie 0.5/0.5 goes to the later turn
+        ("topk:2", [1.0, 0.0, 1.0, 1.0], [2, 3]),
+        ("topk:3", [0.2, 0.9, 0.1, 0.8, 0.3], [1, 3, 4]),
+        ("window:2", [0.0, 1.0, 1.0, 0.0, 2.0], [1, 2]),  # sums 1, 2, 1, 2: the earliest of the ties
+        ("window:2", [0.0, 0.0, 0.0, 1.0, 1.5], [3, 4]),
+        ("window:3", [0, 0], [0, 1]),
+        ("topk:1", [], []),
+    ],
+)
+def test_select_context(policy, rewards, expected):
+    assert select_context(rewards, ContextPolicy.parse(policy)) == expected
+
+
+def test_policy_parse_errors():
+    assert ContextPolicy.parse("window:4") == ContextPolicy("window", 4)
+    assert str(ContextPolicy.parse(" topk:3 ")) == "topk:3"
+    with pytest.raises(ValueError, match="must be one of full, last, topk, window, not 'best'"):
+        ContextPolicy.parse("best:2")
+    with pytest.raises(ValueError, match="needs K >= 1"):
+        ContextPolicy.parse("last")
+    with pytest.raises(ValueError, match="needs K >= 1"):
+        ContextPolicy.parse("topk:0")
+    with pytest.raises(ValueError, match="must be a whole number"):
+        ContextPolicy.parse("window:x")
+    with pytest.raises(ValueError, match="takes no K"):
+        ContextPolicy.parse("full:3")
+
+
+def test_build_messages_shows_each_chosen_turn_as_answer_then_feedback():
+    earlier = [ShownTurn(f"answer {i}", f"feedback {i}", r) for i, r in enumerate([0.0, 1.2, 0.5], 1)]
+    messages, shown = build_messages("the task", earlier, ContextPolicy.parse("topk:2"))
+    assert shown == [2, 3]
+    assert messages == [
+        {"role": "user", "content": "the task"},
+        {"role": "assistant", "content": "answer 2"},
+        {"role": "user", "content": "feedback 2"},
+        {"role": "assistant", "content": "answer 3"},
+        {"role": "user", "content": "feedback 3"},
+    ]
+    assert build_messages("the task", [], ContextPolicy()) == ([{"role": "user", "content": "the task"}], [])
+
+
+# ---------------------------------------------------------------- prompts
+
+
+def test_first_turn_prompt_embeds_the_reference_verbatim():
+    reference = "class Model:\n    def f(self): return {'a': 1}\n"
+    prompt = first_turn_prompt(reference)
+    assert "```python\nclass Model:\n    def f(self): return {'a': 1}\n```" in prompt
+    assert "ModelNew" in prompt
+
+
+def test_feedback_prompt_renders_errors_and_stays_under_the_limit():
+    result = EvalResult.failure(Status.RUNTIME_ERROR, "ValueError", "shapes differ x" * 3)
+    text = feedback_prompt(result, GOOD)
+    assert "Verdict: RUNTIME_ERROR" in text and "Error (ValueError): shapes differ x" in text
+    assert not text.lstrip().startswith("{")  # rendered, not a JSON dump
+    huge = EvalResult(status="runtime_error", error=ErrorInfo("RuntimeError", "boom " * 5000))
+    templates = PromptTemplates(max_feedback_chars=600)
+    cut = feedback_prompt(huge, GOOD, templates)
+    assert len(cut) <= 600 and "Improve it" in cut  # the instruction survives: the result is cut, not the template
+    assert feedback_prompt(None, None).count("no ```python code block that defines `class ModelNew`") == 1
+    with pytest.raises(ValueError, match="must have a result"):
+        feedback_prompt(None, GOOD)
+
+
+def test_templates_from_file(tmp_path):
+    toml = tmp_path / "t.toml"
+    toml.write_text('feedback = """Result:\n{feedback}\nAgain."""\nformat_error = "No code."\n'
+                    'max_feedback_chars = 300\n')
+    templates = PromptTemplates.from_file(toml)
+    assert templates.first_turn == PromptTemplates().first_turn
+    assert feedback_prompt(None, None, templates) == "No code."
+    result = EvalResult.failure(Status.TIMEOUT, "Timeout", "took too long")
+    assert feedback_prompt(result, GOOD, templates) == "Result:\nVerdict: TIMEOUT\nError (Timeout): took too long\nAgain."
+    (tmp_path / "t.json").write_text(json.dumps({"first_turn": "Do it: {reference}"}))
+    assert first_turn_prompt("X", PromptTemplates.from_file(tmp_path / "t.json")) == "Do it: X"
+    (tmp_path / "bad.json").write_text(json.dumps({"first": "x"}))
+    with pytest.raises(ValueError, match="unknown template key\\(s\\) first"):
+        PromptTemplates.from_file(tmp_path / "bad.json")
+    (tmp_path / "nohole.json").write_text(json.dumps({"feedback": "no placeholder"}))
+    with pytest.raises(ValueError, match="must contain \\{feedback\\}"):
+        PromptTemplates.from_file(tmp_path / "nohole.json")
+
+
+# ---------------------------------------------------------------- records
+
+
+def _record(turn: int) -> TurnRecord:
+    return TurnRecord(task="t", level=None, sample=0, turn=turn, messages=[{"role": "user", "content": "x"}],
+                      response="r", code=None, result=None, reward=0.0, feedback="f", context_turns=[])
+
+
+def test_records_round_trip_and_survive_a_cut_write(tmp_path):
+    with TrajectoryWriter(tmp_path) as writer:
+        writer.append(_record(1))
+        writer.append(_record(2))
+    path = tmp_path / "trajectories.jsonl"
+    with path.open("a") as f:
+        f.write('{"task": "t", "sam')  # a kill in the middle of a write
+    assert [r.turn for r in read_trajectories(tmp_path)] == [1, 2]
+    with TrajectoryWriter(tmp_path) as writer:  # the next writer cuts the partial line off
+        writer.append(_record(3))
+    assert [r.turn for r in read_trajectories(tmp_path)] == [1, 2, 3]
+    assert read_trajectories(tmp_path)[0] == _record(1)
+    with path.open("a") as f:
+        f.write(json.dumps(_record(4).to_dict()))  # complete, but killed before its newline
+    assert [r.turn for r in read_trajectories(tmp_path)] == [1, 2, 3, 4]
+    with TrajectoryWriter(tmp_path) as writer:  # kept: the reader counted it
+        writer.append(_record(5))
+    assert [r.turn for r in read_trajectories(tmp_path)] == [1, 2, 3, 4, 5]
+    path.write_text(path.read_text().replace('"turn": 2', '"turn": 2,,', 1))
+    with pytest.raises(ValueError, match="trajectories.jsonl:2: not a turn record"):
+        read_trajectories(tmp_path)
+    assert read_trajectories(tmp_path / "absent") == []
