@@ -51,8 +51,9 @@ def solutions(synthetic: SyntheticTask) -> dict[str, str]:
 
 def solution_source(synthetic: SyntheticTask, variant: str) -> str:
     structure = synthetic.structure
-    if variant not in variants_for(structure):
-        raise SyntheticError(f"{synthetic.name} has no variant {variant!r}; it has {', '.join(variants_for(structure))}")
+    available = variants_for(structure)
+    if variant not in available:
+        raise SyntheticError(f"{synthetic.name} has no variant {variant!r}; it has {', '.join(available)}")
     if variant == "lazy":
         return _lazy(structure)
     if variant == "unfused":
