@@ -173,7 +173,7 @@ def sample_shape(kind: str, rng: random.Random, shape_scale: float) -> Shape:
     def scaled(dim: int) -> int:
         return max(MIN_DIM, round(dim * shape_scale))
 
-    if kind == MATMUL:
+    if kind == "matmul":
         return Shape(scaled(rng.choice(MATMUL_MN)), scaled(rng.choice(MATMUL_MN)), scaled(rng.choice(MATMUL_K)))
     return Shape(scaled(rng.choice(ROWS)), scaled(rng.choice(COLS)))
 
