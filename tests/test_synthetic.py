@@ -194,3 +194,24 @@ def test_reference_solutions_get_the_verdicts_of_their_grades() -> None:
             assert result.profile.launches == {"copy_kernel": trials}
         else:
             assert result.profile.launches == {f"k{i}_{op}": trials for i, op in enumerate(s.structure.steps)}
+
+
+@pytest.mark.slow
+def test_calibration_section_tables_verdicts_by_kind_and_variant(tmp_path: Path, monkeypatch) -> None:
+    """benchmarks/gpu_bench.py's `synthetic` section (stage 0 of docs/experiments.md), on the CPU with one task."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("gpu_bench", Path(__file__).resolve().parents[1] / "benchmarks"
+                                                  / "gpu_bench.py")
+    gpu_bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gpu_bench)
+    monkeypatch.setenv("DRKERNEL_TRITON_CACHE", str(tmp_path / "cache"))  # the section sets a fresh one
+    task = generate("test", 1, seed=0, shape_scale=TINY)
+    options = EvalOptions(device="cpu", correctness_trials=1, measure_performance=False, timeout_s=120)
+    data = gpu_bench.synthetic_calibration(task, options, workers=1)
+    assert data["evaluations"] == 5 and len(data["rows"]) == 5
+    table = data["by_kind_and_variant"]
+    assert list(table) == [f"elementwise/{v}" for v in sorted(variants_for(task[0].structure))]
+    assert table["elementwise/lazy"]["statuses"] == {"correct": 1}
+    assert table["elementwise/wrong_op"]["statuses"] == {"incorrect": 1}
+    assert table["elementwise/fused"]["median_speedup"] is None and table["elementwise/fused"]["fast_1_2"] == 0.0
