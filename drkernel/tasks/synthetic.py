@@ -105,10 +105,6 @@ class Structure:
         bucket = int(hashlib.sha256(self.key.encode()).hexdigest()[:8], 16) % 10
         return next(split for split, buckets in SPLIT_BUCKETS.items() if bucket in buckets)
 
-    @property
-    def vector_op(self) -> str:
-        return next(op for op in self.steps if op in VECTOR_OPS)
-
 
 @dataclass(frozen=True)
 class Shape:
