@@ -96,6 +96,11 @@ class Structure:
         return self.prologue + ((self.core,) if self.core else ()) + self.epilogue
 
     @property
+    def ops(self) -> tuple[str, ...]:
+        """The steps after the matmul, which every name and description starts from."""
+        return tuple(op for op in self.steps if op != MATMUL)
+
+    @property
     def key(self) -> str:
         """What decides the split: the kind and the multiset of ops, so reordering a chain keeps its split."""
         return f"{self.kind}:{','.join(sorted(self.steps))}"
@@ -126,8 +131,7 @@ class SyntheticTask:
 
     @property
     def name(self) -> str:
-        ops = [op for op in self.structure.steps if op != MATMUL]
-        return f"{self.index}_{self.structure.kind}_{'_'.join(ops)}"
+        return f"{self.index}_{self.structure.kind}_{'_'.join(self.structure.ops)}"
 
     def task(self) -> Task:
         return Task(name=self.name, code=reference_source(self), level=self.level, problem_id=self.index,
@@ -164,7 +168,7 @@ def sample_structure(kind: str, rng: random.Random) -> Structure:
 
 
 def sample_shape(kind: str, rng: random.Random, shape_scale: float) -> Shape:
-    """A GPU-sized shape scaled by `shape_scale` (e.g. 1/128 for the CPU interpreter), never below MIN_DIM."""
+    """A GPU-sized shape scaled by `shape_scale` (e.g. 1/256 for the CPU interpreter), never below MIN_DIM."""
 
     def scaled(dim: int) -> int:
         return max(MIN_DIM, round(dim * shape_scale))
@@ -176,7 +180,7 @@ def sample_shape(kind: str, rng: random.Random, shape_scale: float) -> Shape:
 
 def generate(split: str, n: int, seed: int = 0, shape_scale: float = 1.0, level: int | None = None
              ) -> list[SyntheticTask]:
-    """The first `n` tasks of `split` for `seed`: kinds in turn, distinct op chains, all of the split's structures."""
+    """The first `n` tasks of `split` for `seed`: kinds in turn, distinct op chains, every one of the split."""
     if split not in SPLITS:
         raise SyntheticError(f"unknown split {split!r}; splits: {', '.join(SPLITS)}")
     if n < 1:
@@ -213,9 +217,7 @@ def generate_tasks(split: str, n: int, seed: int = 0, shape_scale: float = 1.0, 
 def torch_lines(structure: Structure, vec: str = "vec") -> list[str]:
     """The forward body computing the chain eagerly in PyTorch, one op a statement, on `v` (the result)."""
     lines = ["v = torch.matmul(a, w)" if structure.kind == "matmul" else "v = x"]
-    for op in structure.steps:
-        if op == MATMUL:
-            continue
+    for op in structure.ops:
         expression = ELEMENTWISE_OPS[op][0] if op in ELEMENTWISE_OPS else {**REDUCTIONS, **NORMS}[op]
         lines.append(f"v = {expression.replace('vec', vec)}")
     return lines
@@ -228,8 +230,7 @@ def input_names(structure: Structure) -> tuple[str, ...]:
 def describe(structure: Structure) -> str:
     """The chain as one line for the Model's docstring, e.g. "x -> relu -> add_bias -> softmax"."""
     start = "a @ w" if structure.kind == "matmul" else "x"
-    ops = [op for op in structure.steps if op != MATMUL]
-    return " -> ".join([start, *ops])
+    return " -> ".join([start, *structure.ops])
 
 
 def reference_source(synthetic: SyntheticTask) -> str:
