@@ -159,6 +159,9 @@ def test_synth_command_writes_what_the_loaders_read(tmp_path: Path) -> None:
 
     again = run_synth("--n", "3", "--format", "jsonl", "--out", str(tmp_path / "j"))
     assert again.returncode == 2 and "already exist" in again.stderr
+    bare = run_synth("--n", "2", "--variants", "", "--out", str(tmp_path / "bare"))
+    assert bare.returncode == 0 and "wrote 2 test tasks and 0 solutions" in bare.stderr
+    assert sorted(p.name for p in (tmp_path / "bare").iterdir()) == ["manifest.json", "tasks"]
     bad = run_synth("--variants", "fused,fast", "--out", str(tmp_path / "x"))
     assert bad.returncode == 2 and "unknown variant(s) fast" in bad.stderr
     assert not (tmp_path / "x").exists()

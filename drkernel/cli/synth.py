@@ -62,7 +62,8 @@ def synth_command(
 
 
 def write_split(tasks: list[SyntheticTask], out: Path, fmt: Format, variants: list[str]) -> int:
-    """Write the tasks and their solutions (only the variants each task has); return how many solutions."""
+    """Write the tasks and their solutions (only the variants each task has, nothing when none is asked for);
+    return how many solutions."""
     rows: list[dict[str, Any]] = []
     solution_rows: list[dict[str, Any]] = []
     for synthetic in tasks:
@@ -73,13 +74,14 @@ def write_split(tasks: list[SyntheticTask], out: Path, fmt: Format, variants: li
                 solution_rows.append({"task": task.name, "level": task.level, "code": code,
                                       "id": f"{task.key}__{variant}"})
     out.mkdir(parents=True, exist_ok=True)
+    outputs = [("tasks", rows, "name")] + ([("solutions", solution_rows, "id")] if solution_rows else [])
     if fmt is Format.jsonl:
-        for name, items in (("tasks.jsonl", rows), ("solutions.jsonl", solution_rows)):
-            (out / name).write_text("".join(json.dumps(item) + "\n" for item in items))
+        for name, items, _ in outputs:
+            (out / f"{name}.jsonl").write_text("".join(json.dumps(item) + "\n" for item in items))
         return len(solution_rows)
     level = tasks[0].level
     sub = f"level{level}" if level is not None else ""
-    for folder, items, stem in (("tasks", rows, "name"), ("solutions", solution_rows, "id")):
+    for folder, items, stem in outputs:
         target = out / folder / sub
         target.mkdir(parents=True, exist_ok=True)
         for item in items:
