@@ -2,8 +2,9 @@
 
     python benchmarks/gpu_bench.py SECTION [SECTION ...] --kernelbench PATH --out DIR
 
-Sections: env, hacks, kernelbench, onebyone, repeat, dobench, degenerate, scaling, ray. Each prints a short table and
-writes DIR/<section>.json with every number. `ray` needs Ray installed; `scaling` and `ray` use every visible GPU.
+Sections: env, hacks, kernelbench, onebyone, repeat, dobench, degenerate, scaling, ray, synthetic. Each prints a
+short table and writes DIR/<section>.json with every number. `ray` needs Ray installed; `scaling` and `ray` use every
+visible GPU.
 """
 
 from __future__ import annotations
@@ -167,6 +168,55 @@ def agent_vs_scheduler(tasks: list, candidates: Path, options: EvalOptions, run_
         "ratio": per_minute["bench"] / per_minute["scheduler"],
         "disagreements": {k: [v, bench_status.get(k)] for k, v in scheduler_status.items() if bench_status.get(k) != v},
     }
+
+
+def section_synthetic(args: argparse.Namespace) -> dict:
+    """Stage 0 of docs/experiments.md: the synthetic family's reference solutions on the GPU. Fused should be fast,
+    unfused about 1x, lazy flagged `lazy_kernel` by coverage, the wrong ones incorrect."""
+    from drkernel.tasks.synthetic import generate
+
+    tasks = generate("test", args.synthetic_n, seed=0, shape_scale=args.synthetic_scale)
+    return synthetic_calibration(tasks, OPTIONS)
+
+
+def synthetic_calibration(tasks: list, options: EvalOptions, workers: int | None = None) -> dict:
+    """Every variant of every task through the scheduler; verdicts, speedups, Fast@1.2 and coverage per kind and
+    variant, and evaluations per minute (which sizes the RL runs)."""
+    from drkernel.tasks.synthetic_solutions import solutions
+
+    labels, requests = [], []
+    for task in tasks:
+        for variant, code in solutions(task).items():
+            labels.append((task, variant))
+            requests.append(EvalRequest(task.task().code, code, options, task_name=task.name))
+    fresh_triton_cache("synthetic")
+    start = time.monotonic()
+    with Scheduler(device=options.device, workers=workers) as scheduler:
+        results = scheduler.evaluate_many(requests)
+    wall = time.monotonic() - start
+    rows = [{"task": task.name, "kind": task.structure.kind, "variant": variant, **summary(result)}
+            for (task, variant), result in zip(labels, results)]
+    groups: dict[str, list[dict]] = collections.defaultdict(list)
+    for row in rows:
+        groups[f"{row['kind']}/{row['variant']}"].append(row)
+
+    def median(values: list) -> float | None:
+        values = [v for v in values if v is not None]
+        return statistics.median(values) if values else None
+
+    table = {
+        key: {
+            "n": len(group),
+            "statuses": dict(collections.Counter(row["status"] for row in group)),
+            "hack_reasons": dict(collections.Counter(reason for row in group for reason in row["hack_reasons"])),
+            "median_speedup": median([row["speedup"] for row in group]),
+            "fast_1_2": sum(row["status"] == "correct" and (row["speedup"] or 0) >= 1.2 for row in group) / len(group),
+            "median_coverage": median([row["coverage"] for row in group]),
+        }
+        for key, group in sorted(groups.items())
+    }
+    return {"wall_s": wall, "evaluations": len(rows), "per_minute": 60 * len(rows) / wall,
+            "by_kind_and_variant": table, "rows": rows}
 
 
 def section_onebyone(args: argparse.Namespace) -> dict:
@@ -361,6 +411,8 @@ def main() -> None:
     parser.add_argument("--dobench-problems", nargs="+",
                         default=["1_Square_matrix_multiplication_", "19_ReLU", "23_Softmax", "36_RMSNorm_",
                                  "40_LayerNorm", "88_MinGPTNewGelu"])
+    parser.add_argument("--synthetic-n", type=int, default=16, help="test-split tasks of the synthetic section")
+    parser.add_argument("--synthetic-scale", type=float, default=1.0, help="their shape_scale")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     for name in args.sections:

@@ -110,14 +110,20 @@ def feedback_command(result_file: Path = typer.Argument(..., help="A JSON result
 
 from drkernel.cli.report import report_command  # noqa: E402  (after `app`, `err` and `fail`, which they use)
 from drkernel.cli.serve import serve_command  # noqa: E402
+from drkernel.cli.synth import synth_command  # noqa: E402
 
 app.command("report")(report_command)
 app.command("serve")(serve_command)
+app.command("synth")(synth_command)
 
 from drkernel.cli.bench import bench_command, export_sft_command  # noqa: E402  (after `app`, `err` and `fail`, which it uses)
 
 app.command("bench")(bench_command)
 app.command("export-sft")(export_sft_command)
+
+from drkernel.cli.train import train_command  # noqa: E402  (after `app`, `err` and `fail`, which it uses)
+
+app.command("train")(train_command)
 
 
 def main() -> None:

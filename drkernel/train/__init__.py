@@ -1,0 +1,1 @@
+"""drkernel.train: multi-turn RL training on TRL."""

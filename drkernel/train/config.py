@@ -1,0 +1,249 @@
+"""The training configuration: one dataclass, read from YAML with `--set key=value` overrides.
+
+It holds what the recipe needs (tasks, turns, estimator, rejection rules, evaluator, the paper's optimiser settings)
+and turns into TRL's `GRPOConfig`; the defaults are the paper's (see docs/training.md) except where a laptop needs
+smaller numbers, which the example configs set.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from drkernel.agent.context import ContextPolicy
+from drkernel.rl import RewardConfig
+from drkernel.schema import EvalOptions
+from drkernel.tasks.loaders import require
+from drkernel.train.signals import ESTIMATORS
+
+TINY_MODEL = "tiny"  # `model: tiny` builds a random tiny policy (drkernel.train.policy) in the run directory
+
+
+class ConfigError(ValueError):
+    """A configuration that cannot train: an unknown key, a bad value, a combination that would train wrongly."""
+
+
+@dataclass
+class TrainConfig:
+    """Every knob of `drkernel train`. Batch: each optimizer step trains on
+    per_device_train_batch_size x processes x gradient_accumulation_steps trajectories, num_generations per prompt."""
+
+    # what to train and on what
+    model: str = TINY_MODEL  # a local path or a Hugging Face id, or "tiny"
+    tasks: str = "examples/tasks"  # anything `drkernel.tasks.loaders.load_tasks` reads
+    validation_tasks: str | None = None  # held-out tasks; None: no validation
+    output_dir: str = "runs/train"
+    # rollouts
+    turns: int = 3
+    num_generations: int = 16
+    max_new_tokens: int = 4096  # per turn
+    temperature: float = 1.0
+    top_p: float = 1.0
+    context: str = "full"
+    prompt_templates: str | None = None  # a TOML/JSON file of PromptTemplates overrides
+    # evaluation (KernelGym)
+    evaluator: str = "embedded"  # "embedded", "http://host:port" (the service) or "ray://..." / "ray:auto"
+    eval_token: str | None = None  # bearer token of the service
+    eval_workers: int | None = None  # embedded scheduler workers (default: one per GPU, or per 2 CPU cores)
+    eval_device: str = "auto"
+    eval_timeout_s: float = 180.0
+    correctness_trials: int = 5
+    perf_trials: int = 20
+    measure_performance: bool = True
+    evaluator_retries: int = 3
+    evaluator_backoff_s: float = 2.0
+    # reward and advantages
+    profiling_reward: bool = True  # PR
+    speedup_cap: float = 3.0
+    advantage_estimator: str = "trloo"
+    # rejection, each counted in metrics.jsonl
+    void_turn: bool = True
+    prs: bool = True
+    prs_low: float = 0.3
+    prs_high: float = 0.4
+    # MRS guards against a rollout engine that is not the trainer (vLLM); rollouts here sample with the trainer's
+    # own model, so it is off by default, and on it tests the sampling log-probs against the trainer's forward pass
+    mrs: bool = False
+    mrs_low: float = 0.999
+    mrs_high: float = 1.001
+    mrs_veto: float = 1e-4
+    # optimisation (the paper's)
+    learning_rate: float = 1e-6
+    epsilon: float = 0.2
+    epsilon_high: float = 0.28
+    beta: float = 0.0
+    loss_type: str = "dr_grpo"
+    max_steps: int = 100
+    per_device_train_batch_size: int = 16
+    gradient_accumulation_steps: int = 16
+    warmup_steps: int = 0
+    weight_decay: float = 0.0
+    max_grad_norm: float = 1.0
+    bf16: bool = False
+    gradient_checkpointing: bool = False
+    use_cpu: bool = False
+    seed: int = 0
+    # bookkeeping
+    save_steps: int = 50
+    save_total_limit: int | None = 3
+    logging_steps: int = 1
+    report_to: list[str] = field(default_factory=lambda: ["none"])
+    validation_every: int = 0  # steps; 0: never
+    validation_samples: int = 1
+    log_samples: str | None = None  # a JSONL file with one line per (step, prompt, sample, turn)
+
+    def __post_init__(self) -> None:
+        problems = []
+        if self.turns < 1:
+            problems.append(f"turns must be at least 1, not {self.turns}")
+        if self.num_generations < 2:
+            problems.append(f"num_generations must be at least 2 (a group needs a baseline), not {self.num_generations}")
+        if self.advantage_estimator not in ESTIMATORS:
+            problems.append(f"advantage_estimator must be one of {', '.join(ESTIMATORS)}, not {self.advantage_estimator!r}")
+        try:
+            policy = ContextPolicy.parse(self.context)
+        except ValueError as exc:
+            problems.append(f"context: {exc}")
+        else:
+            if policy.kind != "full" and (policy.k or 0) < self.turns - 1:
+                problems.append(
+                    f"context {self.context!r} hides earlier turns within the {self.turns} trained turns, so a turn's "
+                    "prompt would not extend the previous turn's and the turns could not be trained as one sequence; "
+                    f"use 'full' (or K >= {self.turns - 1})"
+                )
+        if not 0 <= self.prs_low < self.prs_high:
+            problems.append(f"need 0 <= prs_low < prs_high, not {self.prs_low}, {self.prs_high}")
+        if self.evaluator != "embedded" and not self.evaluator.startswith(("http://", "https://", "ray:", "ray://")):
+            problems.append(f"evaluator must be 'embedded', a service URL (http://...) or a Ray address (ray:auto, ray://...), not {self.evaluator!r}")
+        if self.validation_every < 0 or (self.validation_every and not self.validation_tasks):
+            problems.append("validation_every needs validation_tasks (and must not be negative)")
+        if self.max_new_tokens < 1 or self.max_steps < 1:
+            problems.append("max_new_tokens and max_steps must be positive")
+        try:
+            self.reward_config()
+            self.eval_options()
+        except ValueError as exc:
+            problems.append(str(exc))
+        if problems:
+            raise ConfigError("; ".join(problems))
+
+    def context_policy(self) -> ContextPolicy:
+        return ContextPolicy.parse(self.context)
+
+    def reward_config(self) -> RewardConfig:
+        return RewardConfig(profiling_reward=self.profiling_reward, speedup_cap=self.speedup_cap)
+
+    def eval_options(self) -> EvalOptions:
+        return EvalOptions(
+            device=self.eval_device,
+            timeout_s=self.eval_timeout_s,
+            correctness_trials=self.correctness_trials,
+            perf_trials=self.perf_trials,
+            measure_performance=self.measure_performance,
+        )
+
+    def grpo_config(self) -> Any:
+        """TRL's GRPOConfig for this run: one generation batch per optimizer step, checkpoints in output_dir."""
+        trl = require("trl", "train", "Training")
+        try:
+            return self._grpo_config(trl)
+        except ValueError as exc:  # TRL's own checks, e.g. a batch that does not hold whole groups
+            raise ConfigError(str(exc)) from exc
+
+    def _grpo_config(self, trl: Any) -> Any:
+        return trl.GRPOConfig(
+            output_dir=self.output_dir,
+            num_generations=self.num_generations,
+            max_completion_length=self.max_new_tokens * self.turns,
+            temperature=self.temperature,
+            top_p=self.top_p,
+            learning_rate=self.learning_rate,
+            epsilon=self.epsilon,
+            epsilon_high=self.epsilon_high,
+            beta=self.beta,
+            loss_type=self.loss_type,
+            max_steps=self.max_steps,
+            per_device_train_batch_size=self.per_device_train_batch_size,
+            gradient_accumulation_steps=self.gradient_accumulation_steps,
+            steps_per_generation=self.gradient_accumulation_steps,
+            num_iterations=1,
+            warmup_steps=self.warmup_steps,
+            weight_decay=self.weight_decay,
+            max_grad_norm=self.max_grad_norm,
+            bf16=self.bf16,
+            gradient_checkpointing=self.gradient_checkpointing,
+            use_cpu=self.use_cpu,
+            seed=self.seed,
+            save_strategy="steps",
+            save_steps=self.save_steps,
+            save_total_limit=self.save_total_limit,
+            logging_steps=self.logging_steps,
+            report_to=self.report_to,
+            use_vllm=False,
+            scale_rewards="none",
+            mask_truncated_completions=False,
+            log_completions=False,
+        )
+
+
+def _coerce(name: str, hint: Any, value: Any) -> Any:
+    """A YAML or `--set` value checked against the field's type; strings from --set are parsed as YAML scalars."""
+    yaml = require("yaml", "train", "Reading a training config")
+    if isinstance(value, str) and hint is not str:
+        value = yaml.safe_load(value) if value != "" else None
+    options = typing.get_args(hint) if typing.get_origin(hint) in (typing.Union, types.UnionType) else (hint,)
+    if value is None and type(None) in options:
+        return None
+    for option in options:
+        origin = typing.get_origin(option) or option
+        if origin is list and isinstance(value, list):
+            return [str(v) for v in value]
+        if origin is list and isinstance(value, str):
+            return [value]
+        if origin is bool and isinstance(value, bool):
+            return value
+        if origin is int and isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if origin is float and isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        if origin is float and isinstance(value, str):  # YAML 1.1 reads 1e-6 (no dot) as a string
+            try:
+                return float(value)
+            except ValueError:
+                pass
+        if origin is str and isinstance(value, (str, int, float)) and not isinstance(value, bool):
+            return str(value)
+    raise ConfigError(f"{name}: {value!r} is not a {hint}")
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> TrainConfig:
+    """The config of a YAML file (or the defaults) with `key=value` overrides applied; unknown keys are an error
+    listing the known ones."""
+    yaml = require("yaml", "train", "Reading a training config")
+    data: dict[str, Any] = {}
+    if path is not None:
+        try:
+            loaded = yaml.safe_load(Path(path).read_text())
+        except (OSError, yaml.YAMLError) as exc:
+            raise ConfigError(f"cannot read the training config {path}: {exc}") from exc
+        if loaded is not None and not isinstance(loaded, dict):
+            raise ConfigError(f"{path}: expected a mapping of config keys, not {type(loaded).__name__}")
+        data.update(loaded or {})
+    for item in overrides:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise ConfigError(f"--set expects key=value, not {item!r}")
+        data[key.strip()] = value
+    hints = typing.get_type_hints(TrainConfig)
+    known = [f.name for f in dataclasses.fields(TrainConfig)]
+    unknown = sorted(set(data) - set(known))
+    if unknown:
+        raise ConfigError(f"unknown config key(s) {', '.join(unknown)}; known keys: {', '.join(known)}")
+    try:
+        return TrainConfig(**{key: _coerce(key, hints[key], value) for key, value in data.items()})
+    except TypeError as exc:
+        raise ConfigError(str(exc)) from exc

@@ -1,0 +1,104 @@
+"""One training run from a TrainConfig: tasks, policy, evaluator, trainer, checkpoints; what `drkernel train` calls."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from drkernel.agent.prompts import first_turn_prompt
+from drkernel.tasks.loaders import load_tasks, require
+from drkernel.tasks.task import Task
+from drkernel.train.config import TINY_MODEL, ConfigError, TrainConfig
+from drkernel.train.policy import PolicyShape, build_policy
+from drkernel.train.rollout import GenerateFn
+
+TINY_POLICY_DIR = "tiny_policy"
+
+
+def load_policy(config: TrainConfig, tasks: list[Task]) -> tuple[Any, Any]:
+    """(model, tokenizer); `model: tiny` builds a random tiny policy in the run directory once and reuses it."""
+    transformers = require("transformers", "train", "Training")
+    path = config.model
+    if path == TINY_MODEL:
+        out = Path(config.output_dir) / TINY_POLICY_DIR
+        if not (out / "config.json").exists():
+            build_policy(out, [t.code for t in tasks] + [first_turn_prompt(t.code) for t in tasks], PolicyShape())
+        path = str(out)
+    try:
+        tokenizer = transformers.AutoTokenizer.from_pretrained(path)
+        model = transformers.AutoModelForCausalLM.from_pretrained(path)
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"model {config.model!r} does not load: {exc}") from exc
+    if tokenizer.chat_template is None:
+        raise ConfigError(f"the tokenizer of {config.model!r} has no chat template")
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return model, tokenizer
+
+
+@contextlib.contextmanager
+def open_evaluator(config: TrainConfig) -> Iterator[Any]:
+    """The agent's Evaluator over the embedded Scheduler, the service or Ray, closed at the end of the run."""
+    from drkernel.agent.evaluate import BackendEvaluator, ServiceEvaluator
+
+    options = config.eval_options()
+    if config.evaluator == "embedded":
+        from drkernel.scheduling.scheduler import Scheduler
+
+        with Scheduler(device=config.eval_device, workers=config.eval_workers) as scheduler:
+            yield BackendEvaluator(scheduler, options)
+    elif config.evaluator.startswith("ray"):
+        from drkernel.scheduling.ray_backend import RayBackend
+
+        ray_client = config.evaluator.startswith("ray://")
+        address = config.evaluator if ray_client else config.evaluator.removeprefix("ray:")  # ray:auto -> auto
+        backend = RayBackend(address=address, device=config.eval_device)
+        try:
+            yield BackendEvaluator(backend, options)
+        finally:
+            backend.close()
+    else:
+        from drkernel.service.client import AsyncClient
+
+        yield ServiceEvaluator(AsyncClient(config.evaluator, token=config.eval_token), options)
+
+
+def last_checkpoint(output_dir: str | Path) -> str | None:
+    trainer_utils = require("transformers.trainer_utils", "train", "Training")
+    folder = Path(output_dir)
+    return trainer_utils.get_last_checkpoint(str(folder)) if folder.is_dir() else None
+
+
+def train(config: TrainConfig, resume: bool = False, generate: GenerateFn | None = None) -> Any:
+    """Train; `resume` continues from the last checkpoint in output_dir (step count, optimizer, scheduler, RNG).
+    Returns the trainer, whose state tells how far it got."""
+    from drkernel.train.trainer import DrKernelTrainer
+
+    tasks = load_tasks(config.tasks)
+    validation = load_tasks(config.validation_tasks) if config.validation_tasks else []
+    checkpoint = last_checkpoint(config.output_dir) if resume else None
+    if resume and checkpoint is None:
+        raise ConfigError(f"--resume: no checkpoint in {config.output_dir}")
+    out = Path(config.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    if config.log_samples:
+        Path(config.log_samples).parent.mkdir(parents=True, exist_ok=True)
+    (out / "train_config.json").write_text(json.dumps(dataclasses.asdict(config), indent=2) + "\n")
+    model, tokenizer = load_policy(config, tasks)
+    with open_evaluator(config) as evaluator:
+        trainer = DrKernelTrainer(
+            model=model,
+            config=config,
+            tasks=tasks,
+            evaluator=evaluator,
+            processing_class=tokenizer,
+            generate=generate,
+            validation_tasks=validation,
+        )
+        trainer.train(resume_from_checkpoint=checkpoint)
+        trainer.save_model(str(out / "final"))
+    return trainer

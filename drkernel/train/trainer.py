@@ -1,0 +1,319 @@
+"""`DrKernelTrainer`: TRL's GRPOTrainer with multi-turn KernelGym rollouts and the paper's per-turn signal.
+
+TRL gives one scalar advantage per completion. Here a completion is a whole trajectory (answers, with the feedback
+between them masked out by env_mask), and `_generate_and_score_completions` replaces TRL's advantages with a (B, T)
+tensor in which each turn's tokens carry that turn's advantage (TRLOO by default, on reward-to-go, over the group
+gathered from every process). The void-turn rule, PRS and MRS leave turns out through the loss mask (`tool_mask`,
+which only the loss reads), so the attention still sees every token.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from drkernel.agent.prompts import PromptTemplates, first_turn_prompt
+from drkernel.rl.metrics import fast_p_per_turn
+from drkernel.tasks.loaders import require
+from drkernel.tasks.task import Task
+from drkernel.train.config import TrainConfig
+from drkernel.train.rollout import GenerateFn, MultiTurnRollout, RolloutStats, Trajectory, turn_coverage
+from drkernel.train.signals import JudgedTurn, kept_fraction, mrs_turn_keep, step_signals
+from drkernel.train.validation import validate
+
+trl = require("trl", "train", "Training")
+transformers = require("transformers", "train", "Training")
+accelerate_utils = require("accelerate.utils", "train", "Training")
+
+METRICS = "metrics.jsonl"
+LAZY_KERNEL = "lazy_kernel"
+
+
+def _templates(config: TrainConfig) -> PromptTemplates:
+    return PromptTemplates.from_file(config.prompt_templates) if config.prompt_templates else PromptTemplates()
+
+
+def task_dataset(tasks: Sequence[Task], templates: PromptTemplates) -> Any:
+    """One row per task: the first turn's chat, as TRL's conversational `prompt` column."""
+    datasets = require("datasets", "train", "Training")
+    return datasets.Dataset.from_list(
+        [{"prompt": [{"role": "user", "content": first_turn_prompt(t.code, templates)}]} for t in tasks]
+    )
+
+
+class DrKernelTrainer(trl.GRPOTrainer):
+    """GRPOTrainer whose rollouts are the agent's multi-turn loop, judged by KernelGym.
+
+    `generate` replaces the sampling function (tests script the model's answers with it; the rewards still come
+    from real evaluations of the code in them).
+    """
+
+    def __init__(
+        self,
+        model: Any,
+        config: TrainConfig,
+        tasks: Sequence[Task],
+        evaluator: Any,
+        processing_class: Any,
+        generate: GenerateFn | None = None,
+        validation_tasks: Sequence[Task] = (),
+    ) -> None:
+        self.config = config
+        self.templates = _templates(config)
+        self._task_of = {first_turn_prompt(t.code, self.templates): t for t in tasks}
+        self.validation_tasks = list(validation_tasks)
+        self.evaluator = evaluator
+        super().__init__(
+            model=model,
+            reward_funcs=[turn_reward_sum],
+            args=config.grpo_config(),
+            train_dataset=task_dataset(tasks, self.templates),
+            processing_class=processing_class,
+            rollout_func=self._rollout,
+        )
+        self.rollout = MultiTurnRollout(
+            tokenizer=processing_class,
+            evaluator=evaluator,
+            generate=generate or self.sample,
+            turns=config.turns,
+            reward_config=config.reward_config(),
+            templates=self.templates,
+            context=config.context_policy(),
+            evaluator_retries=config.evaluator_retries,
+            evaluator_backoff_s=config.evaluator_backoff_s,
+        )
+        self._trajectories: list[Trajectory] = []
+        self._step_metrics: dict[str, Any] = {}
+        self._scored_at = 0.0
+        self.add_callback(StepRecorder(self))
+
+    def sample(self, contexts: list[list[int]]) -> tuple[list[list[int]], list[list[float]] | None]:
+        """Sampling with transformers' `generate` on the trainer's own model (unwrapped by TRL's context, which
+        also lifts gradient checkpointing so the KV cache works), left-padded, one batch per turn. With MRS on it
+        also gives each sampled token's log-probability under logits / temperature, as the trainer computes it."""
+        tokenizer, c = self.processing_class, self.config
+        pad = tokenizer.pad_token_id
+        width = max(len(ids) for ids in contexts)
+        device = self.accelerator.device
+        ids = torch.tensor([[pad] * (width - len(x)) + x for x in contexts], device=device)
+        attention = torch.tensor([[0] * (width - len(x)) + [1] * len(x) for x in contexts], device=device)
+        with (
+            trl.models.unwrap_model_for_generation(
+                self.model_wrapped,
+                self.accelerator,
+                gather_deepspeed3_params=self.args.ds3_gather_for_generation,
+                gradient_checkpointing_kwargs=self.args.gradient_checkpointing_kwargs,
+            ) as model,
+            torch.no_grad(),
+        ):
+            out = model.generate(
+                input_ids=ids, attention_mask=attention, max_new_tokens=c.max_new_tokens, do_sample=True,
+                temperature=c.temperature, top_p=c.top_p, top_k=0, pad_token_id=pad,
+                eos_token_id=tokenizer.eos_token_id, return_dict_in_generate=True, output_logits=c.mrs,
+            )
+        new = out.sequences[:, width:]
+        if not c.mrs:
+            return new.tolist(), None
+        logits = torch.stack(out.logits, dim=1).float() / c.temperature
+        return new.tolist(), logits.log_softmax(-1).gather(-1, new.unsqueeze(-1)).squeeze(-1).tolist()
+
+    # --- rollouts -------------------------------------------------------------------------------------------
+
+    def _rollout(self, prompts: list[list[dict[str, str]]], trainer: Any) -> dict[str, Any]:
+        """TRL's rollout_func: the prompts of this process (each repeated num_generations times in a row)."""
+        base = self.accelerator.process_index * len(prompts)
+        trajectories = []
+        for prompt in prompts:
+            first = prompt[0]["content"]
+            if first not in self._task_of:
+                raise KeyError("a prompt that matches no training task reached the rollout")
+            trajectories.append(self.rollout.start(self._task_of[first], first))
+        self.rollout.run(trajectories, [(base + i) % self.num_generations for i in range(len(prompts))])
+        self._trajectories = trajectories
+        with_logprobs = all(t.logprobs is not None for t in trajectories)
+        return {
+            "prompt_ids": [t.prompt_ids for t in trajectories],
+            "completion_ids": [t.completion_ids for t in trajectories],
+            "logprobs": [t.logprobs for t in trajectories] if with_logprobs else None,
+            "env_mask": [t.env_mask for t in trajectories],
+            "trajectory_reward": [sum(r.reward for r in t.records) for t in trajectories],
+        }
+
+    def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
+        self.rollout.stats = RolloutStats()
+        output = super()._generate_and_score_completions(inputs)
+        if self.model.training:
+            self._apply_turn_signals(output)
+        self._scored_at = time.perf_counter()
+        return output
+
+    def _apply_turn_signals(self, output: dict[str, Any]) -> None:
+        trajectories = self._trajectories
+        base = self.accelerator.process_index * len(trajectories)
+        mrs_local = self._mrs_verdicts(output) if self.config.mrs else None
+        rows, n = [], 0
+        for i, traj in enumerate(trajectories):
+            for record in traj.records:
+                rows.append({
+                    "trajectory": base + i, "turn": record.turn, "reward": record.reward, "correct": record.correct,
+                    "coverage": turn_coverage(record), "speedup": record.speedup, "status": record.status,
+                    "lazy": bool(record.result and LAZY_KERNEL in (record.result.get("hack_reasons") or [])),
+                    "mrs": None if mrs_local is None else mrs_local[n], "task": record.task,
+                })
+                n += 1
+        rows = accelerate_utils.gather_object(rows)
+        turns = [JudgedTurn(r["trajectory"], r["turn"], r["reward"], r["correct"], r["coverage"]) for r in rows]
+        signals = step_signals(
+            turns,
+            self.num_generations,
+            estimator=self.config.advantage_estimator,
+            void_turn=self.config.void_turn,
+            prs=self.config.prs,
+            prs_seed=self.prs_seed(self.state.global_step),
+            prs_low=self.config.prs_low,
+            prs_high=self.config.prs_high,
+            mrs_keep=[r["mrs"] for r in rows] if mrs_local is not None else None,
+        )
+        completion_ids = output["completion_ids"]
+        advantages = torch.zeros(completion_ids.shape, dtype=torch.float32, device=completion_ids.device)
+        tool_mask = output["tool_mask"].clone()
+        by_key = {(r["trajectory"], r["turn"]): s for r, s in zip(rows, signals)}
+        for i, traj in enumerate(trajectories):
+            for (start, end), record in zip(traj.spans, traj.records):
+                signal = by_key[(base + i, record.turn)]
+                advantages[i, start:end] = signal.advantage
+                if not signal.kept:
+                    tool_mask[i, start:end] = 0
+        output["advantages"] = advantages
+        output["tool_mask"] = tool_mask
+        loss_mask = output["completion_mask"] * tool_mask
+        output["num_items_in_batch"] = self.accelerator.gather(loss_mask.sum()).sum()
+        step = self.state.global_step + 1
+        self._step_metrics = self._metrics_of(step, rows, signals, output)
+        if self.config.log_samples and self.accelerator.is_main_process:
+            with open(self.config.log_samples, "a") as f:
+                for r, s in zip(rows, signals):
+                    f.write(json.dumps({
+                        "step": step, "prompt_id": s.prompt_id, "sample": s.sample, "turn": s.turn, "task": r["task"],
+                        "reward": s.reward, "return": s.ret, "advantage": s.advantage, "correct": r["correct"],
+                        "coverage": r["coverage"], "kept": s.kept, "why_not": s.why_not, "status": r["status"],
+                        "speedup": r["speedup"],
+                    }) + "\n")
+
+    def prs_seed(self, global_step: int) -> int:
+        """PRS's draws are seeded by the run's seed and the step, so a rerun drops the same turns."""
+        return self.config.seed * 1_000_003 + global_step
+
+    def _mrs_verdicts(self, output: dict[str, Any]) -> list[bool]:
+        """MRS per turn, in the order of the records: the trainer's log-probs against the rollout engine's."""
+        rollout_logp = output.get("sampling_per_token_logps")
+        if rollout_logp is None:
+            raise RuntimeError("MRS needs the rollout engine's log-probs, and this rollout gave none")
+        trainer_logp = output.get("old_per_token_logps")
+        if trainer_logp is None:
+            with torch.no_grad():
+                trainer_logp, _, _ = self._get_per_token_logps_and_entropies(
+                    self.model,
+                    torch.cat([output["prompt_ids"], output["completion_ids"]], dim=1),
+                    torch.cat([output["prompt_mask"], output["completion_mask"]], dim=1),
+                    output["completion_ids"].size(1),
+                    batch_size=self.args.per_device_train_batch_size,
+                )
+        rows, masks = [], []
+        width = output["completion_ids"].size(1)
+        for i, traj in enumerate(self._trajectories):
+            for start, end in traj.spans:
+                mask = torch.zeros(width, dtype=torch.bool, device=trainer_logp.device)
+                mask[start:end] = True
+                rows.append(i)
+                masks.append(mask)
+        if not rows:
+            return []
+        c = self.config
+        return mrs_turn_keep(trainer_logp, rollout_logp, rows, torch.stack(masks), c.mrs_low, c.mrs_high, c.mrs_veto)
+
+    def _metrics_of(self, step: int, rows: list[dict[str, Any]], signals: list, output: dict[str, Any]) -> dict[str, Any]:
+        width = self.config.turns
+        trajectories = sorted({r["trajectory"] for r in rows})
+        index = {t: n for n, t in enumerate(trajectories)}
+        speedups = [[math.nan] * width for _ in trajectories]
+        correct = [[False] * width for _ in trajectories]
+        reached = [[False] * width for _ in trajectories]
+        for r in rows:
+            i, t = index[r["trajectory"]], r["turn"] - 1
+            reached[i][t] = True
+            correct[i][t] = r["correct"]
+            speedups[i][t] = math.nan if r["speedup"] is None else float(r["speedup"])
+        rewards = torch.tensor([r["reward"] for r in rows], dtype=torch.float64)
+        coverage = [r["coverage"] for r in rows if r["coverage"] is not None]
+        reached_turns = torch.tensor(reached).sum(0).clamp(min=1)
+        tokens = self.accelerator.gather(
+            (output["prompt_mask"].sum() + output["completion_mask"].sum()).reshape(1)
+        ).sum()
+        stats = self.rollout.stats
+        return {
+            "step": step,
+            "reward_mean": rewards.mean().item() if len(rows) else 0.0,
+            "reward_std": rewards.std().item() if len(rows) > 1 else 0.0,
+            "turn_correct": (torch.tensor(correct).sum(0) / reached_turns).tolist(),
+            "turn_fast_1": _finite(fast_p_per_turn(speedups, correct, 1.0, reached).tolist()),
+            "turn_fast_1_2": _finite(fast_p_per_turn(speedups, correct, 1.2, reached).tolist()),
+            "hacked_share": sum(r["status"] == "hacked" for r in rows) / max(len(rows), 1),
+            "lazy_share": sum(r["lazy"] for r in rows) / max(len(rows), 1),
+            "coverage_mean": sum(coverage) / len(coverage) if coverage else None,
+            "kept_mrs": kept_fraction(signals, "mrs"),
+            "kept_prs": kept_fraction(signals, "prs"),
+            "kept_void_turn": kept_fraction(signals, "void_turn"),
+            "tokens": int(tokens.item()),
+            "evaluations": stats.evaluations,
+            "evaluation_crashes": stats.crashed,
+            "time_generation_s": stats.generation_s,
+            "time_evaluation_s": stats.evaluation_s,
+        }
+
+
+def _finite(values: list[float]) -> list[float | None]:
+    return [None if math.isnan(v) else v for v in values]
+
+
+def turn_reward_sum(completions: list[Any], trajectory_reward: list[float], **_: Any) -> list[float]:
+    """The sum of a trajectory's turn rewards, for TRL's reward logging; the advantages come from the turns."""
+    return [float(r) for r in trajectory_reward]
+
+
+class StepRecorder(transformers.TrainerCallback):
+    """Writes RUN_DIR/metrics.jsonl (one line per optimizer step) and runs validation every N steps."""
+
+    def __init__(self, trainer: DrKernelTrainer) -> None:
+        self.trainer = trainer
+        self.path = Path(trainer.config.output_dir) / METRICS
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        """A resumed run redoes the steps after its checkpoint: drop their lines so each step appears once."""
+        if not self.trainer.accelerator.is_main_process:
+            return
+        for path in (self.path, self.trainer.config.log_samples):
+            if path and Path(path).exists():
+                lines = Path(path).read_text().splitlines()
+                kept = [line for line in lines if line.strip() and json.loads(line)["step"] <= state.global_step]
+                Path(path).write_text("".join(line + "\n" for line in kept))
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        metrics = dict(self.trainer._step_metrics)
+        metrics["step"] = state.global_step
+        metrics["time_update_s"] = time.perf_counter() - self.trainer._scored_at
+        if not self.trainer.accelerator.is_main_process:
+            return
+        every = self.trainer.config.validation_every
+        if every and state.global_step % every == 0:  # on the main process only: one run directory per step
+            metrics["validation"] = validate(self.trainer, state.global_step)
+        if True:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            with self.path.open("a") as f:
+                f.write(json.dumps(metrics) + "\n")
