@@ -54,7 +54,10 @@ def validate(trainer: DrKernelTrainer, step: int) -> dict[str, Any]:
     """The contract's `validation` entry of metrics.jsonl for this step."""
     config = trainer.config
     run_dir = f"{config.output_dir}/validation/step_{step}"
-    model = TrainerChatModel(trainer.processing_class, trainer.rollout.generate)
+    # the trainer's own model even when rollouts use vLLM: validation runs on the main process alone, and vLLM's
+    # server mode gathers from every process
+    generate = trainer.rollout.generate if trainer.rollout.generate != trainer.sample else trainer.sample_transformers
+    model = TrainerChatModel(trainer.processing_class, generate)
     loop = LoopConfig(
         samples=config.validation_samples,
         turns=config.turns,
