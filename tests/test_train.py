@@ -33,6 +33,8 @@ def test_unknown_key_lists_the_known_ones():
 def test_overrides_are_typed_and_checked():
     config = load_config(TINY, ["turns=2", "learning_rate=1e-6", "mrs=true", "report_to=tensorboard"])
     assert (config.turns, config.learning_rate, config.mrs, config.report_to) == (2, 1e-6, True, ["tensorboard"])
+    config = load_config(TINY, ["validation_tasks=hub:", "mrs=null", "report_to=[tensorboard, wandb]"])
+    assert (config.validation_tasks, config.mrs, config.mrs_on, config.report_to) == ("hub:", None, False, ["tensorboard", "wandb"])
     with pytest.raises(ConfigError, match="turns: 'x' is not a <class 'int'>"):
         load_config(TINY, ["turns=x"])
     with pytest.raises(ConfigError, match="advantage_estimator must be one of trloo, grpo, rloo, not 'ppo'"):

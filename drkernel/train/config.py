@@ -205,11 +205,14 @@ class TrainConfig:
 
 
 def _coerce(name: str, hint: Any, value: Any) -> Any:
-    """A YAML or `--set` value checked against the field's type; strings from --set are parsed as YAML scalars."""
+    """A YAML or `--set` value checked against the field's type. A string for a field that takes strings stays a
+    string ("hub:" is a task source, not a mapping), except null; other strings are read as YAML scalars."""
     yaml = require("yaml", "train", "Reading a training config")
-    if isinstance(value, str) and hint is not str:
-        value = yaml.safe_load(value) if value != "" else None
     options = typing.get_args(hint) if typing.get_origin(hint) in (typing.Union, types.UnionType) else (hint,)
+    if isinstance(value, str):
+        if str in options:
+            return None if value in ("", "null", "~") and type(None) in options else value
+        value = yaml.safe_load(value) if value.strip() else None
     if value is None and type(None) in options:
         return None
     for option in options:
