@@ -268,3 +268,26 @@ def test_bad_input_clear_messages_and_exit_codes(tmp_path):
     assert "no answer within 0.3 s" in timed_out.output
     records = read_trajectories(tmp_path / "slow")
     assert [r.status for r in records] == ["generation_error"] * 2  # recorded: the trajectories are over
+
+
+def test_bench_evaluates_through_the_service(tmp_path):
+    """`--service URL`: the verdicts come from a `drkernel serve` app (over a backend that answers at once)."""
+    pytest.importorskip("fastapi")
+    from test_service_api import TOKEN, ScriptedBackend, serving
+
+    from drkernel.service.dispatcher import Dispatcher
+    from drkernel.service.store import Store
+
+    code = "verdict {}\nclass ModelNew:\n    pass\n"
+    script = ChatScript({"2_relu": [fenced(code.format("runtime_error")), fenced(code.format("correct"))]})
+    backend = ScriptedBackend()
+    with ScriptedChatServer(script) as chat, serving(Dispatcher(Store(tmp_path / "s.db"), backend, "cpu")) as base:
+        result = invoke(["--tasks", str(REPO / "examples" / "tasks"), "--name", "2_relu", "--model", "m",
+                         "--base-url", chat.url, "--service", base, "--turns", "2", "--out", str(tmp_path / "run")],
+                        DRKERNEL_TOKEN=TOKEN)
+    assert result.exit_code == 0, result.output
+    records = read_trajectories(tmp_path / "run")
+    assert [(r.status, r.reward) for r in records] == [("runtime_error", 0.0), ("correct", 0.5)]
+    assert "Error (Scripted): scripted runtime_error" in records[1].messages[-1]["content"]
+    assert [r.candidate for r in backend.submitted] == [code.format("runtime_error"), code.format("correct")]
+    assert backend.submitted[0].reference == load_task_file(REPO / "examples" / "tasks" / "2_relu.py").code
