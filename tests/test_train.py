@@ -275,7 +275,12 @@ def test_two_steps_then_resume(tmp_path, monkeypatch, tiny_policy):
                                         "turn_fast_1_2": [0.0, 0.0], "best_of_history_fast_1_2": 0.0}
     from drkernel.agent.records import read_trajectories
 
-    records = read_trajectories(out / "validation" / "step_2")
+    from drkernel.agent.bench import BenchConfig
+
+    step_dir = out / "validation" / "step_2"
+    assert json.loads((step_dir / "summary.json").read_text())["last_turn"]["correct"] == 0.0
+    assert BenchConfig(**json.loads((step_dir / "config.json").read_text())).turns == 2
+    records = read_trajectories(step_dir)
     assert sorted((r.task, r.turn, r.status) for r in records) == [
         ("1_vector_add", 1, "correct"), ("1_vector_add", 2, "incorrect"), ("2_relu", 1, "correct"), ("2_relu", 2, "incorrect")]
 

@@ -51,7 +51,7 @@ class TrainConfig:
     vllm_gpu_memory_utilization: float = 0.3
     # evaluation (KernelGym)
     evaluator: str = "embedded"  # "embedded", "http://host:port" (the service) or "ray://..." / "ray:auto"
-    eval_token: str | None = None  # bearer token of the service
+    eval_token_env: str = "DRKERNEL_TOKEN"  # the environment variable holding the service's bearer token
     eval_workers: int | None = None  # embedded scheduler workers (default: one per GPU, or per 2 CPU cores)
     eval_device: str = "auto"
     eval_timeout_s: float = 180.0

@@ -63,8 +63,10 @@ class DrKernelTrainer(trl.GRPOTrainer):
         processing_class: Any,
         generate: GenerateFn | None = None,
         validation_tasks: Sequence[Task] = (),
+        bench: Any = None,
     ) -> None:
         self.config = config
+        self.bench = bench  # the agent's BenchConfig, written as each validation run's config.json
         self.templates = _templates(config)
         self._task_of = {first_turn_prompt(t.code, self.templates): t for t in tasks}
         self.validation_tasks = list(validation_tasks)

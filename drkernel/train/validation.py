@@ -8,10 +8,13 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from drkernel.agent.backends import Completion, SamplingParams
+from drkernel.agent.bench import write_summary
 from drkernel.agent.loop import LoopConfig, run_loop
+from drkernel.agent.records import CONFIG, write_json
 from drkernel.agent.summary import summarize
 from drkernel.train.rollout import GenerateFn
 
@@ -74,6 +77,9 @@ def validate(trainer: DrKernelTrainer, step: int) -> dict[str, Any]:
         )
     finally:
         trainer.model.train(was_training)
+    write_summary(Path(run_dir))
+    if trainer.bench is not None:
+        write_json(Path(run_dir) / CONFIG, trainer.bench.to_dict())
     summary = summarize(outcome.records)
     return {
         "correct": summary["last_turn"]["correct"],
