@@ -33,6 +33,8 @@ def test_unknown_key_lists_the_known_ones():
 def test_overrides_are_typed_and_checked():
     config = load_config(TINY, ["turns=2", "learning_rate=1e-6", "mrs=true", "report_to=tensorboard"])
     assert (config.turns, config.learning_rate, config.mrs, config.report_to) == (2, 1e-6, True, ["tensorboard"])
+    config = load_config(TINY, ["validation_tasks=hub:", "mrs=null", "report_to=[tensorboard, wandb]"])
+    assert (config.validation_tasks, config.mrs, config.mrs_on, config.report_to) == ("hub:", None, False, ["tensorboard", "wandb"])
     with pytest.raises(ConfigError, match="turns: 'x' is not a <class 'int'>"):
         load_config(TINY, ["turns=x"])
     with pytest.raises(ConfigError, match="advantage_estimator must be one of trloo, grpo, rloo, not 'ppo'"):
@@ -273,7 +275,12 @@ def test_two_steps_then_resume(tmp_path, monkeypatch, tiny_policy):
                                         "turn_fast_1_2": [0.0, 0.0], "best_of_history_fast_1_2": 0.0}
     from drkernel.agent.records import read_trajectories
 
-    records = read_trajectories(out / "validation" / "step_2")
+    from drkernel.agent.bench import BenchConfig
+
+    step_dir = out / "validation" / "step_2"
+    assert json.loads((step_dir / "summary.json").read_text())["last_turn"]["correct"] == 0.0
+    assert BenchConfig(**json.loads((step_dir / "config.json").read_text())).turns == 2
+    records = read_trajectories(step_dir)
     assert sorted((r.task, r.turn, r.status) for r in records) == [
         ("1_vector_add", 1, "correct"), ("1_vector_add", 2, "incorrect"), ("2_relu", 1, "correct"), ("2_relu", 2, "incorrect")]
 

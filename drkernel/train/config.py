@@ -45,9 +45,13 @@ class TrainConfig:
     top_p: float = 1.0
     context: str = "full"
     prompt_templates: str | None = None  # a TOML/JSON file of PromptTemplates overrides
+    use_vllm: bool = False  # sample the rollouts with vLLM through TRL (weights synced every step)
+    vllm_mode: str = "colocate"  # or "server" (`trl vllm-serve` at vllm_server_base_url)
+    vllm_server_base_url: str | None = None
+    vllm_gpu_memory_utilization: float = 0.3
     # evaluation (KernelGym)
     evaluator: str = "embedded"  # "embedded", "http://host:port" (the service) or "ray://..." / "ray:auto"
-    eval_token: str | None = None  # bearer token of the service
+    eval_token_env: str = "DRKERNEL_TOKEN"  # the environment variable holding the service's bearer token
     eval_workers: int | None = None  # embedded scheduler workers (default: one per GPU, or per 2 CPU cores)
     eval_device: str = "auto"
     eval_timeout_s: float = 180.0
@@ -65,9 +69,9 @@ class TrainConfig:
     prs: bool = True
     prs_low: float = 0.3
     prs_high: float = 0.4
-    # MRS guards against a rollout engine that is not the trainer (vLLM); rollouts here sample with the trainer's
-    # own model, so it is off by default, and on it tests the sampling log-probs against the trainer's forward pass
-    mrs: bool = False
+    # MRS guards against a rollout engine that is not the trainer: None turns it on exactly with vLLM; on with
+    # transformers sampling, it tests generate's log-probs against the trainer's forward pass
+    mrs: bool | None = None
     mrs_low: float = 0.999
     mrs_high: float = 1.001
     mrs_veto: float = 1e-4
@@ -115,6 +119,8 @@ class TrainConfig:
                     "prompt would not extend the previous turn's and the turns could not be trained as one sequence; "
                     f"use 'full' (or K >= {self.turns - 1})"
                 )
+        if self.vllm_mode not in ("colocate", "server"):
+            problems.append(f"vllm_mode must be colocate or server, not {self.vllm_mode!r}")
         if not 0 <= self.prs_low < self.prs_high:
             problems.append(f"need 0 <= prs_low < prs_high, not {self.prs_low}, {self.prs_high}")
         if self.evaluator != "embedded" and not self.evaluator.startswith(("http://", "https://", "ray:", "ray://")):
@@ -130,6 +136,10 @@ class TrainConfig:
             problems.append(str(exc))
         if problems:
             raise ConfigError("; ".join(problems))
+
+    @property
+    def mrs_on(self) -> bool:
+        return self.use_vllm if self.mrs is None else self.mrs
 
     def context_policy(self) -> ContextPolicy:
         return ContextPolicy.parse(self.context)
@@ -158,7 +168,7 @@ class TrainConfig:
         return trl.GRPOConfig(
             output_dir=self.output_dir,
             num_generations=self.num_generations,
-            max_completion_length=self.max_new_tokens * self.turns,
+            max_completion_length=self.max_new_tokens,  # per turn: vLLM's max_tokens; dr_grpo's constant divisor
             temperature=self.temperature,
             top_p=self.top_p,
             learning_rate=self.learning_rate,
@@ -183,7 +193,11 @@ class TrainConfig:
             save_total_limit=self.save_total_limit,
             logging_steps=self.logging_steps,
             report_to=self.report_to,
-            use_vllm=False,
+            use_vllm=self.use_vllm,
+            vllm_mode=self.vllm_mode,
+            vllm_server_base_url=self.vllm_server_base_url,
+            vllm_gpu_memory_utilization=self.vllm_gpu_memory_utilization,
+            vllm_importance_sampling_correction=False,  # MRS rejects instead of reweighting
             scale_rewards="none",
             mask_truncated_completions=False,
             log_completions=False,
@@ -191,11 +205,14 @@ class TrainConfig:
 
 
 def _coerce(name: str, hint: Any, value: Any) -> Any:
-    """A YAML or `--set` value checked against the field's type; strings from --set are parsed as YAML scalars."""
+    """A YAML or `--set` value checked against the field's type. A string for a field that takes strings stays a
+    string ("hub:" is a task source, not a mapping), except null; other strings are read as YAML scalars."""
     yaml = require("yaml", "train", "Reading a training config")
-    if isinstance(value, str) and hint is not str:
-        value = yaml.safe_load(value) if value != "" else None
     options = typing.get_args(hint) if typing.get_origin(hint) in (typing.Union, types.UnionType) else (hint,)
+    if isinstance(value, str):
+        if str in options:
+            return None if value in ("", "null", "~") and type(None) in options else value
+        value = yaml.safe_load(value) if value.strip() else None
     if value is None and type(None) in options:
         return None
     for option in options:

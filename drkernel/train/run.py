@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import contextlib
+import asyncio
 import dataclasses
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from drkernel.agent.bench import HF_PREFIX, BenchConfig, open_evaluator
 from drkernel.agent.prompts import first_turn_prompt
 from drkernel.tasks.loaders import load_tasks, require
 from drkernel.tasks.task import Task
@@ -40,31 +40,34 @@ def load_policy(config: TrainConfig, tasks: list[Task]) -> tuple[Any, Any]:
     return model, tokenizer
 
 
-@contextlib.contextmanager
-def open_evaluator(config: TrainConfig) -> Iterator[Any]:
-    """The agent's Evaluator over the embedded Scheduler, the service or Ray, closed at the end of the run."""
-    from drkernel.agent.evaluate import BackendEvaluator, ServiceEvaluator
-
-    options = config.eval_options()
-    if config.evaluator == "embedded":
-        from drkernel.scheduling.scheduler import Scheduler
-
-        with Scheduler(device=config.eval_device, workers=config.eval_workers) as scheduler:
-            yield BackendEvaluator(scheduler, options)
-    elif config.evaluator.startswith("ray"):
-        from drkernel.scheduling.ray_backend import RayBackend
-
-        ray_client = config.evaluator.startswith("ray://")
-        address = config.evaluator if ray_client else config.evaluator.removeprefix("ray:")  # ray:auto -> auto
-        backend = RayBackend(address=address, device=config.eval_device)
-        try:
-            yield BackendEvaluator(backend, options)
-        finally:
-            backend.close()
-    else:
-        from drkernel.service.client import AsyncClient
-
-        yield ServiceEvaluator(AsyncClient(config.evaluator, token=config.eval_token), options)
+def bench_config(config: TrainConfig, model_path: str) -> BenchConfig:
+    """The `drkernel bench` settings of this run's evaluations and validations: the agent's evaluator factory opens
+    the same evaluator from them, and each validation run directory gets them as its config.json."""
+    service = config.evaluator if config.evaluator.startswith(("http://", "https://")) else None
+    ray = None
+    if config.evaluator.startswith("ray"):
+        ray = config.evaluator if config.evaluator.startswith("ray://") else config.evaluator.removeprefix("ray:")
+    return BenchConfig(
+        tasks=config.validation_tasks or config.tasks,
+        model=HF_PREFIX + model_path,
+        samples=config.validation_samples,
+        turns=config.turns,
+        context=config.context,
+        temperature=config.temperature,
+        top_p=config.top_p,
+        max_tokens=config.max_new_tokens,
+        prompts=config.prompt_templates,
+        profiling_reward=config.profiling_reward,
+        device=config.eval_device,
+        workers=config.eval_workers,
+        ray=ray,
+        service=service,
+        service_token_env=config.eval_token_env,
+        timeout_s=config.eval_timeout_s,
+        correctness_trials=config.correctness_trials,
+        perf_trials=config.perf_trials,
+        measure_performance=config.measure_performance,
+    )
 
 
 def last_checkpoint(output_dir: str | Path) -> str | None:
@@ -89,7 +92,10 @@ def train(config: TrainConfig, resume: bool = False, generate: GenerateFn | None
         Path(config.log_samples).parent.mkdir(parents=True, exist_ok=True)
     (out / "train_config.json").write_text(json.dumps(dataclasses.asdict(config), indent=2) + "\n")
     model, tokenizer = load_policy(config, tasks)
-    with open_evaluator(config) as evaluator:
+    bench = bench_config(config, model.name_or_path)
+    evaluator, close_evaluator = open_evaluator(bench)
+    trainer = None
+    try:
         trainer = DrKernelTrainer(
             model=model,
             config=config,
@@ -98,7 +104,13 @@ def train(config: TrainConfig, resume: bool = False, generate: GenerateFn | None
             processing_class=tokenizer,
             generate=generate,
             validation_tasks=validation,
+            bench=bench,
         )
         trainer.train(resume_from_checkpoint=checkpoint)
         trainer.save_model(str(out / "final"))
+    finally:
+        closed = close_evaluator()
+        if asyncio.iscoroutine(closed):  # the service's client closes in the loop that used it
+            loop = trainer.rollout.loop if trainer is not None else asyncio.new_event_loop()
+            loop.run_until_complete(closed)
     return trainer

@@ -63,8 +63,10 @@ class DrKernelTrainer(trl.GRPOTrainer):
         processing_class: Any,
         generate: GenerateFn | None = None,
         validation_tasks: Sequence[Task] = (),
+        bench: Any = None,
     ) -> None:
         self.config = config
+        self.bench = bench  # the agent's BenchConfig, written as each validation run's config.json
         self.templates = _templates(config)
         self._task_of = {first_turn_prompt(t.code, self.templates): t for t in tasks}
         self.validation_tasks = list(validation_tasks)
@@ -94,10 +96,19 @@ class DrKernelTrainer(trl.GRPOTrainer):
         self.add_callback(StepRecorder(self))
 
     def sample(self, contexts: list[list[int]]) -> tuple[list[list[int]], list[list[float]] | None]:
+        """One turn's answers for a batch of token contexts: vLLM through TRL when configured (TRL has synced the
+        weights before the rollout), else the trainer's own model."""
+        if not self.use_vllm:
+            return self.sample_transformers(contexts)
+        _, completion_ids, logprobs, _ = self.vllm_generation.generate(prompts=contexts, images=None, num_generations=1)
+        return completion_ids, [[token[0] for token in row] for row in logprobs]  # the sampled token's log-prob
+
+    def sample_transformers(self, contexts: list[list[int]]) -> tuple[list[list[int]], list[list[float]] | None]:
         """Sampling with transformers' `generate` on the trainer's own model (unwrapped by TRL's context, which
         also lifts gradient checkpointing so the KV cache works), left-padded, one batch per turn. With MRS on it
         also gives each sampled token's log-probability under logits / temperature, as the trainer computes it."""
         tokenizer, c = self.processing_class, self.config
+        with_logprobs = c.mrs_on
         pad = tokenizer.pad_token_id
         width = max(len(ids) for ids in contexts)
         device = self.accelerator.device
@@ -115,10 +126,10 @@ class DrKernelTrainer(trl.GRPOTrainer):
             out = model.generate(
                 input_ids=ids, attention_mask=attention, max_new_tokens=c.max_new_tokens, do_sample=True,
                 temperature=c.temperature, top_p=c.top_p, top_k=0, pad_token_id=pad,
-                eos_token_id=tokenizer.eos_token_id, return_dict_in_generate=True, output_logits=c.mrs,
+                eos_token_id=tokenizer.eos_token_id, return_dict_in_generate=True, output_logits=with_logprobs,
             )
         new = out.sequences[:, width:]
-        if not c.mrs:
+        if not with_logprobs:
             return new.tolist(), None
         logits = torch.stack(out.logits, dim=1).float() / c.temperature
         return new.tolist(), logits.log_softmax(-1).gather(-1, new.unsqueeze(-1)).squeeze(-1).tolist()
@@ -156,7 +167,7 @@ class DrKernelTrainer(trl.GRPOTrainer):
     def _apply_turn_signals(self, output: dict[str, Any]) -> None:
         trajectories = self._trajectories
         base = self.accelerator.process_index * len(trajectories)
-        mrs_local = self._mrs_verdicts(output) if self.config.mrs else None
+        mrs_local = self._mrs_verdicts(output) if self.config.mrs_on else None
         rows, n = [], 0
         for i, traj in enumerate(trajectories):
             for record in traj.records:

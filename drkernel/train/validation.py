@@ -8,10 +8,13 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from drkernel.agent.backends import Completion, SamplingParams
+from drkernel.agent.bench import write_summary
 from drkernel.agent.loop import LoopConfig, run_loop
+from drkernel.agent.records import CONFIG, write_json
 from drkernel.agent.summary import summarize
 from drkernel.train.rollout import GenerateFn
 
@@ -54,7 +57,10 @@ def validate(trainer: DrKernelTrainer, step: int) -> dict[str, Any]:
     """The contract's `validation` entry of metrics.jsonl for this step."""
     config = trainer.config
     run_dir = f"{config.output_dir}/validation/step_{step}"
-    model = TrainerChatModel(trainer.processing_class, trainer.rollout.generate)
+    # the trainer's own model even when rollouts use vLLM: validation runs on the main process alone, and vLLM's
+    # server mode gathers from every process
+    generate = trainer.rollout.generate if trainer.rollout.generate != trainer.sample else trainer.sample_transformers
+    model = TrainerChatModel(trainer.processing_class, generate)
     loop = LoopConfig(
         samples=config.validation_samples,
         turns=config.turns,
@@ -71,6 +77,9 @@ def validate(trainer: DrKernelTrainer, step: int) -> dict[str, Any]:
         )
     finally:
         trainer.model.train(was_training)
+    write_summary(Path(run_dir))
+    if trainer.bench is not None:
+        write_json(Path(run_dir) / CONFIG, trainer.bench.to_dict())
     summary = summarize(outcome.records)
     return {
         "correct": summary["last_turn"]["correct"],
