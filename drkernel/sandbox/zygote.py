@@ -63,6 +63,8 @@ def child_main(job: dict[str, Any], zygote_pid: int, inherited_fds: list[int]) -
         result.phases_s["start_latency"] = round(start_latency, 4)  # from the start signal to the pipeline
         if networked:
             result.notes.append("sandbox: network namespace unavailable here; the candidate had network access")
+    except isolate.LimitTooLow as exc:
+        result = EvalResult.failure(Status.INVALID, "LimitTooLow", str(exc))
     except BaseException as exc:  # set-up failed before the candidate ran: the harness's problem, say so
         result = EvalResult.failure(Status.INVALID, "SandboxError", f"sandbox set-up failed: {exc!r}")
     _write_result(result)
