@@ -23,9 +23,10 @@ MIN_HEADROOM_BYTES = 1 << 30  # address space beyond what the fork server maps, 
 _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
 
 
-def detach(parent_pid: int) -> None:
-    """Own process group; die with the parent (the fork server)."""
-    os.setsid()
+def detach(parent_pid: int, new_session: bool = True) -> None:
+    """Own process group (unless the parent leads it already); die with the parent."""
+    if new_session:
+        os.setsid()
     _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     if os.getppid() != parent_pid:  # the parent died before prctl took effect
         os._exit(1)
