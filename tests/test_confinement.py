@@ -16,7 +16,6 @@ import uuid
 from pathlib import Path
 from typing import Iterator
 
-import httpx
 import pytest
 
 from drkernel.runner.sandbox import Sandbox
@@ -27,12 +26,13 @@ REPO = Path(__file__).resolve().parents[1]
 REFERENCE = (REPO / "examples" / "tasks" / "1_vector_add.py").read_text()
 GOOD = (REPO / "examples" / "candidates" / "1_vector_add__triton.py").read_text()
 HOSTILE = {Path(p).stem: Path(p).read_text() for p in sorted(glob.glob(str(REPO / "tests" / "confinement" / "*.py")))}
+DEVICE = os.environ.get("DRKERNEL_TEST_DEVICE", "cpu")  # "cuda" runs the same cases on a GPU machine
 SECRET = f"drk-secret-{uuid.uuid4().hex}"
 ROOT = os.geteuid() == 0
 
 
 def options() -> EvalOptions:
-    return EvalOptions(device="cpu", timeout_s=30, memory_limit_mb=2048, perf_trials=2, warmup_trials=1)
+    return EvalOptions(device=DEVICE, timeout_s=30, memory_limit_mb=2048, perf_trials=2, warmup_trials=1)
 
 
 @pytest.fixture(scope="module")
@@ -66,7 +66,8 @@ def planted(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[str]]:
 
 @pytest.fixture(scope="module")
 def sandbox(planted: list[str]) -> Iterator[Sandbox]:
-    box = Sandbox(device="cpu")  # its fork server starts with the secrets in this process's environment
+    # Its fork server starts with the secrets in this process's environment.
+    box = Sandbox(device=DEVICE, gpu="0" if DEVICE == "cuda" else None)
     yield box
     box.close()
 
@@ -120,7 +121,7 @@ def test_cli_returns_no_secret(planted: list[str], tmp_path: Path) -> None:
         (tmp_path / "cand.py").write_text(HOSTILE[name])
         proc = subprocess.run(
             [sys.executable, "-m", "drkernel.cli.main", "eval", "-r", str(tmp_path / "ref.py"), "-c",
-             str(tmp_path / "cand.py"), "--device", "cpu", "--timeout", "30", "--perf-trials", "2", "--json"],
+             str(tmp_path / "cand.py"), "--device", DEVICE, "--timeout", "30", "--perf-trials", "2", "--json"],
             capture_output=True, text=True, timeout=120,
         )
         assert proc.returncode == 0, proc.stderr
@@ -130,8 +131,10 @@ def test_cli_returns_no_secret(planted: list[str], tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_service_returns_no_secret(planted: list[str], tmp_path: Path) -> None:
-    from test_service_e2e import server
+    pytest.importorskip("fastapi")
+    import httpx
     from test_service_api import TOKEN
+    from test_service_e2e import server
 
     store = tmp_path / "service.db"
     with server(store) as running:

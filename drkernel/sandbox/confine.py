@@ -114,10 +114,13 @@ def _restrict_paths(workdir: str, triton_cache: str, private_proc: bool) -> str:
 
 
 def _installation() -> list[str]:
-    """The Python installation and every directory imports come from (never `/` or a bare home directory)."""
+    """The Python installation, every directory imports and shared libraries come from, CUDA's toolkit (never
+    `/` or a bare home directory)."""
     homes = {"/", "/root", "/home", os.path.expanduser("~")} | set(glob.glob("/home/*"))
     paths = {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix, os.path.dirname(sys.executable)}
-    paths |= {p for p in sys.path if p and os.path.exists(p)}
+    paths |= set(sys.path) | set(os.environ.get("LD_LIBRARY_PATH", "").split(":"))
+    paths |= {os.environ.get(name, "") for name in ("CUDA_HOME", "CUDA_PATH", "TRITON_PTXAS_PATH")}
+    paths = {p for p in paths if p and os.path.exists(p)}
     return sorted(os.path.realpath(p) for p in paths if os.path.realpath(p) not in homes)
 
 

@@ -61,6 +61,16 @@ def limit_resources(memory_limit_mb: int | None) -> None:
         _clamp(resource.RLIMIT_AS, "RLIMIT_AS", memory_limit_mb << 20, needed=_mapped_bytes() + MIN_HEADROOM_BYTES)
 
 
+def blame_address_space(what: str, exc: Exception) -> Exception:
+    """The error for `what` failing to start: under an inherited finite RLIMIT_AS (CUDA reserves far more address
+    space than it uses, so it fails there first) `LimitTooLow` naming the limit, otherwise `exc` itself."""
+    hard = resource.getrlimit(resource.RLIMIT_AS)[1]
+    if hard == resource.RLIM_INFINITY:
+        return exc
+    return LimitTooLow(f"RLIMIT_AS hard limit {_size(hard)} is below what {what} needs to start ({exc}); raise it "
+                       "(ulimit -v) for the process that runs drkernel")
+
+
 def _clamp(limit: int, name: str, wanted: int, needed: int) -> None:
     hard = resource.getrlimit(limit)[1]
     if hard != resource.RLIM_INFINITY and hard < needed:

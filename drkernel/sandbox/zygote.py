@@ -86,11 +86,13 @@ def child_main(job: dict[str, Any], parent_pid: int, inherited_fds: list[int], p
         import faulthandler
 
         faulthandler.enable(file=sys.stderr, all_threads=False)
-        device = torch.device("cpu")
-        if not cpu:
-            torch.cuda.init()
-            device = torch.device("cuda", 0)
-        pipeline.warm_up(device)
+        device = torch.device("cpu") if cpu else torch.device("cuda", 0)
+        try:
+            if not cpu:
+                torch.cuda.init()
+            pipeline.warm_up(device)
+        except Exception as exc:
+            raise isolate.blame_address_space("CUDA" if not cpu else "the evaluation", exc) from exc
         started = time.perf_counter()
         confinement = confine.confine(workdir, job["triton_cache"], private_proc)
         confinement["pid_namespace"] = "private, own /proc" if private_proc else job["pid_namespace"]
