@@ -148,3 +148,13 @@ def test_service_returns_no_secret(planted: list[str], tmp_path: Path) -> None:
     assert all('"state":"done"' in t.replace(" ", "") for t in texts[:-1]), texts
     assert_clean("\n".join(texts), planted)
     assert (store.stat().st_mode & 0o777) == 0o600
+
+
+def test_the_traceback_holds_the_candidates_frames_only(sandbox: Sandbox) -> None:
+    source = GOOD.replace("class ModelNew", "def helper():\n    raise KeyError('own')\n\n\nclass ModelNew", 1)
+    source = source.replace("    def forward(self, ", "    def forward(self, *args):\n        helper()\n\n    def unused(self, ", 1)
+    result = sandbox.evaluate(EvalRequest(REFERENCE, source, options()))
+    assert result.error is not None and result.error.kind == "KeyError", result.to_json(indent=1)
+    frames = [line.strip() for line in result.error.traceback.splitlines() if line.strip().startswith("File ")]
+    assert frames and all(frame.startswith('File "candidate.py"') for frame in frames), result.error.traceback
+    assert "drkernel" not in result.error.traceback and "site-packages" not in result.error.traceback
