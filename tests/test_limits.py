@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import subprocess
 import sys
 from pathlib import Path
@@ -59,8 +60,20 @@ def evaluate_under(address_space: int, files: int, paths: list[str]) -> dict[str
 
 @pytest.mark.slow
 def test_inherited_12_gib_address_space_and_256_files_break_nothing() -> None:
-    verdicts = evaluate_under(12 * GIB, 256, list(CANDIDATES))
+    # CUDA cannot start under any such address-space limit (next test): on a GPU only the file limit applies.
+    address_space = 12 * GIB if DEVICE == "cpu" else resource.RLIM_INFINITY
+    verdicts = evaluate_under(address_space, 256, list(CANDIDATES))
     assert {path: v[0] for path, v in verdicts.items()} == CANDIDATES, verdicts
+
+
+@pytest.mark.skipif(DEVICE != "cuda", reason="needs a GPU")
+def test_cuda_under_a_12_gib_address_space_is_invalid_and_named() -> None:
+    """CUDA reserves address space for all of the GPU's memory and more: on an H100 it fails to start under 12 GiB
+    (cudaGetDeviceCount: out of memory). The result says which limit is to blame."""
+    (verdict,) = evaluate_under(12 * GIB, 256, ["examples/candidates/1_vector_add__triton.py"]).values()
+    status, kind, message = verdict
+    assert (status, kind) == ("invalid", "LimitTooLow")
+    assert message is not None and message.startswith("RLIMIT_AS hard limit 12.0 GiB is below what CUDA needs to start")
 
 
 @pytest.mark.skipif(DEVICE != "cpu", reason="on a GPU no address-space limit is set: CUDA reserves far more")

@@ -17,6 +17,7 @@ from __future__ import annotations
 import ctypes
 import glob
 import os
+import shutil
 import stat
 import sys
 
@@ -114,12 +115,16 @@ def _restrict_paths(workdir: str, triton_cache: str, private_proc: bool) -> str:
 
 
 def _installation() -> list[str]:
-    """The Python installation, every directory imports and shared libraries come from, CUDA's toolkit (never
-    `/` or a bare home directory)."""
+    """The Python installation, every directory imports and shared libraries come from, CUDA's toolkit, the C
+    compiler (never `/` or a bare home directory)."""
     homes = {"/", "/root", "/home", os.path.expanduser("~")} | set(glob.glob("/home/*"))
     paths = {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix, os.path.dirname(sys.executable)}
     paths |= set(sys.path) | set(os.environ.get("LD_LIBRARY_PATH", "").split(":"))
     paths |= {os.environ.get(name, "") for name in ("CUDA_HOME", "CUDA_PATH", "TRITON_PTXAS_PATH")}
+    # Triton's C compiler (CC, else gcc or clang on PATH) and binutils, wherever installed (/usr, /opt/gcc, ...).
+    tools = [os.environ.get("CC", "")] + [shutil.which(name) or "" for name in ("gcc", "clang", "cc", "as", "ld")]
+    for tool in filter(None, tools):
+        paths |= {os.path.dirname(os.path.dirname(t)) for t in (tool, os.path.realpath(tool))}
     paths = {p for p in paths if p and os.path.exists(p)}
     return sorted(os.path.realpath(p) for p in paths if os.path.realpath(p) not in homes)
 
