@@ -97,7 +97,13 @@ def test_the_layers_are_applied_and_reported(sandbox: Sandbox, planted: list[str
                                             "raise RuntimeError(str([p for p in SEEN if p.isdigit()]))\nclass ModelNew", 1)
     result = sandbox.evaluate(EvalRequest(REFERENCE, probe, options()))
     layers = result.environment.confinement
-    assert layers["landlock"] == (f"abi {landlock.abi_version()}" if landlock.abi_version() else layers["landlock"])
+    abi = landlock.abi_version()
+    if not abi:
+        assert layers["landlock"].startswith("unavailable: ")
+    elif DEVICE == "cpu":
+        assert layers["landlock"] == f"abi {abi}"  # no thread runs before confinement on the CPU
+    else:
+        assert layers["landlock"].startswith(f"abi {abi}")
     if ROOT:
         assert layers["pid_namespace"] == "private, own /proc"
         assert result.error.message == "['1', '2']"  # its reaper (PID 1) and itself: no other process
@@ -117,16 +123,15 @@ def test_drkernel_evaluate_returns_no_secret(planted: list[str]) -> None:
 
 def test_cli_returns_no_secret(planted: list[str], tmp_path: Path) -> None:
     (tmp_path / "ref.py").write_text(REFERENCE)
-    for name in ("libc_direct", "homes_and_etc"):
-        (tmp_path / "cand.py").write_text(HOSTILE[name])
-        proc = subprocess.run(
-            [sys.executable, "-m", "drkernel.cli.main", "eval", "-r", str(tmp_path / "ref.py"), "-c",
-             str(tmp_path / "cand.py"), "--device", DEVICE, "--timeout", "30", "--perf-trials", "2", "--json"],
-            capture_output=True, text=True, timeout=120,
-        )
-        assert proc.returncode == 0, proc.stderr
-        assert '"status": "crashed"' in proc.stdout
-        assert_clean(proc.stdout + proc.stderr, planted)
+    (tmp_path / "cand.py").write_text(HOSTILE["libc_direct"])
+    proc = subprocess.run(
+        [sys.executable, "-m", "drkernel.cli.main", "eval", "-r", str(tmp_path / "ref.py"), "-c",
+         str(tmp_path / "cand.py"), "--device", DEVICE, "--timeout", "30", "--perf-trials", "2", "--json"],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert '"status": "crashed"' in proc.stdout
+    assert_clean(proc.stdout + proc.stderr, planted)
 
 
 @pytest.mark.slow

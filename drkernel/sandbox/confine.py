@@ -107,10 +107,13 @@ def _restrict_paths(workdir: str, triton_cache: str, private_proc: bool) -> str:
     proc = ["/proc"] if private_proc else [f"/proc/{os.getpid()}"]
     read_only = _installation() + SYSTEM_READ_ONLY + proc
     read_write = [workdir, triton_cache] + DEVICE_READ_WRITE + sorted(glob.glob("/dev/nvidia[0-9]*"))
+    earlier_threads = len(os.listdir("/proc/self/task")) - 1
     try:
         landlock.restrict(read_only, read_write)
     except OSError as exc:
         return f"unavailable: {exc}"
+    if earlier_threads:  # Landlock confines the calling thread and those it starts, not threads already running
+        return f"abi {abi}; {earlier_threads} thread(s) started before it (CUDA's, the profiler's) stay outside it"
     return f"abi {abi}"
 
 
