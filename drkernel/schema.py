@@ -105,6 +105,9 @@ class Environment:
     python: str = ""
     interpreter: bool = False  # Triton ran under TRITON_INTERPRET=1
     gpu: bool = False
+    # What the candidate could read, layer by layer (drkernel.sandbox.confine): "pid_namespace", "uid", "landlock"
+    # -> how it was applied, or "unavailable: <why>".
+    confinement: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass

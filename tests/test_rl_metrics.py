@@ -63,9 +63,21 @@ def test_fast_p_best_of_history():
     assert torch.allclose(unmasked, torch.tensor([2 / 4, 4 / 4, 4 / 4], dtype=torch.float64))
 
 
+def test_fast_0_is_the_correct_rate_measured_or_not():
+    speedups = [1.5, 0.1, 2.0, None, math.nan, 0.0]
+    correct = [True, True, False, True, True, False]
+    assert fast_p(speedups, correct, 0) == pytest.approx(4 / 6)
+    assert fast_p(speedups, correct, 0.0) == fast_p([None] * 6, correct, 0)
+    assert torch.equal(fast_p_per_turn(SPEEDUPS, CORRECT, 0, TURN_MASK),
+                       torch.tensor([2 / 3, 2 / 2, 1 / 1], dtype=torch.float64))
+    assert fast_p_last_turn(SPEEDUPS, CORRECT, 0, TURN_MASK) == pytest.approx(2 / 4)
+    assert torch.equal(fast_p_best_of_history(SPEEDUPS, CORRECT, 0, TURN_MASK),
+                       torch.tensor([2 / 4, 2 / 4, 2 / 4], dtype=torch.float64))
+
+
 def test_fast_p_bad_arguments():
-    for p in (0.0, -1.0):
-        with pytest.raises(ValueError, match="p must be positive"):
+    for p in (-0.5, -1.0, math.nan):
+        with pytest.raises(ValueError, match="p must be 0 or more"):
             fast_p([1.0], [True], p)
     with pytest.raises(ValueError, match="shape"):
         fast_p([1.0, 2.0], [True], 1.0)

@@ -130,3 +130,15 @@ def test_concurrent_writers_lose_nothing(store: Store) -> None:
         thread.join(timeout=60)
     assert len(set(ids)) == 200
     assert store.counts() == {"queued": 0, "running": 0, "done": 200}
+
+
+def test_the_store_and_its_wal_are_readable_by_the_server_only(tmp_path: Path) -> None:
+    path = tmp_path / "private" / "store.db"
+    store = Store(path)
+    try:
+        store.add([(request(), "key")])
+        modes = {p.name: p.stat().st_mode & 0o777 for p in path.parent.iterdir()}
+    finally:
+        store.close()
+    assert modes == {"store.db": 0o600, "store.db-wal": 0o600, "store.db-shm": 0o600}
+    assert path.parent.stat().st_mode & 0o777 == 0o700

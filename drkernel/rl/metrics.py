@@ -1,7 +1,8 @@
 """Evaluation metrics: Fast@p (single- and multi-turn), pass@k and the geometric-mean speedup.
 
-A missing speedup (None, NaN: performance not measured) never counts as fast, and incorrect samples never count
-whatever speedup they report, so a hacked kernel cannot inflate a metric.
+A missing speedup (None, NaN: performance not measured) never counts as fast for p > 0, and incorrect samples never
+count whatever speedup they report, so a hacked kernel cannot inflate a metric. p = 0 is KernelBench's fast_0, the
+correct rate: every correct sample counts, measured or not.
 Scalar summaries are returned as Python floats, per-turn and per-problem ones as float64 tensors.
 """
 
@@ -16,9 +17,9 @@ from drkernel.rl.advantages import ArrayLike, _bool_tensor, _float_tensor
 
 
 def _fast(speedups: ArrayLike, correct: ArrayLike, p: float, ndim: int) -> torch.Tensor:
-    """Bool tensor: correct and speedup >= p (NaN compares False), with the shapes and p checked."""
-    if not p > 0:
-        raise ValueError(f"p must be positive, not {p!r}")
+    """Bool tensor: correct and speedup >= p (NaN compares False; p = 0 is correct alone), shapes and p checked."""
+    if not p >= 0:
+        raise ValueError(f"p must be 0 or more, not {p!r}")
     s = _float_tensor(speedups, "speedups")
     ok = _bool_tensor(correct, "correct").to(s.device)
     if s.ndim != ndim or s.shape != ok.shape:
@@ -27,7 +28,7 @@ def _fast(speedups: ArrayLike, correct: ArrayLike, p: float, ndim: int) -> torch
         )
     if s.numel() == 0:
         raise ValueError("no samples")
-    return ok & (s >= p)
+    return ok if p == 0 else ok & (s >= p)
 
 
 def _turn_mask(turn_mask: ArrayLike | None, fast: torch.Tensor) -> torch.Tensor:
@@ -40,7 +41,7 @@ def _turn_mask(turn_mask: ArrayLike | None, fast: torch.Tensor) -> torch.Tensor:
 
 
 def fast_p(speedups: ArrayLike, correct: ArrayLike, p: float) -> float:
-    """Fast@p: share of ALL [N] samples that are correct with speedup >= p (KernelBench's fast_p, p > 0)."""
+    """Fast@p: share of ALL [N] samples that are correct with speedup >= p (KernelBench's fast_p; p = 0 is the correct rate)."""
     return _fast(speedups, correct, p, ndim=1).double().mean().item()
 
 

@@ -60,9 +60,13 @@ class Sandbox:
         self.device, self.gpu = device, gpu
         self.root = Path(root or tempfile.gettempdir()) / f"drkernel-{os.getuid()}"
         self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
-        default_cache = Path.home() / ".cache" / "drkernel" / "triton"
+        # Root's evaluations run as an unprivileged uid (drkernel.sandbox.confine): it must pass through the root to
+        # its own working directory (0700, random name) and write the cache; nobody may list the root.
+        as_root = os.geteuid() == 0
+        self.root.chmod(0o711 if as_root else 0o700)
+        default_cache = self.root / "triton" if as_root else Path.home() / ".cache" / "drkernel" / "triton"
         self.triton_cache = Path(triton_cache or os.environ.get("DRKERNEL_TRITON_CACHE", default_cache))
-        self.triton_cache.mkdir(parents=True, exist_ok=True)
+        self.triton_cache.mkdir(mode=0o700, parents=True, exist_ok=True)
         self.memory_cap_mb = memory_cap_mb or memory_share_mb(1)
         # Triton decides at import whether @triton.jit interprets: the fork server must import it in the right mode.
         self.server = ForkServer(env={"TRITON_INTERPRET": "1", "CUDA_VISIBLE_DEVICES": ""} if device == "cpu" else None)

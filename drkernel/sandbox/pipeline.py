@@ -505,8 +505,18 @@ class Evaluation:
         return Failure(Status.RUNTIME_ERROR, type(exc).__name__, _message(exc), tb)
 
     def _tb(self, exc: BaseException) -> str:
-        text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
-        text = text.replace(str(self.workdir) + os.sep, "")
+        """The exception with the frames of the evaluation's own files (candidate.py, reference.py) only: nothing of
+        the harness's or the libraries' paths goes back to the client."""
+        summary = traceback.TracebackException(type(exc), exc, exc.__traceback__)
+        parts, seen = [summary], set()
+        while parts:  # the exception and those it was raised from or during
+            part = parts.pop()
+            if id(part) not in seen:
+                seen.add(id(part))
+                part.stack = traceback.StackSummary.from_list(
+                    [frame for frame in part.stack if frame.filename.startswith(str(self.workdir) + os.sep)])
+                parts += [p for p in (part.__cause__, part.__context__) if p is not None]
+        text = "".join(summary.format()).replace(str(self.workdir) + os.sep, "")
         return text if len(text) <= TRACEBACK_CHARS else "...\n" + text[-TRACEBACK_CHARS:]
 
 
