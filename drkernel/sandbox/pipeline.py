@@ -27,6 +27,7 @@ import torch
 import triton
 
 from drkernel.sandbox import audit, correctness, guards, launches, loading, profiling, static_checks, timing
+from drkernel.sandbox.gate import DeviceGate
 from drkernel.sandbox.correctness import PRECISION_RANK
 from drkernel.sandbox.guards import Findings
 from drkernel.schema import (
@@ -51,6 +52,7 @@ MODES: list[tuple[str, bool, Callable[[], Any]]] = [
 ]
 CHECKED_TIMING_TRIALS = 3  # timed calls, chosen at random, whose outputs are compared in full
 TIMED_SAMPLE_ELEMENTS = 4096  # elements per output compared after every other timed call
+SHARE_OF_MEMORY = 0.4  # of the GPU's memory, at most, for one evaluation's trials beside another's
 DEGENERACY_SAMPLE = 1 << 20  # elements of the reference's output kept to judge whether the task is degenerate
 TRACEBACK_CHARS = 4000
 
@@ -74,6 +76,8 @@ class Evaluation:
     own_names: set[str] = field(default_factory=set)  # names of the candidate's own kernels seen launching
     own_counts: Counter[str] = field(default_factory=Counter)  # launches per own kernel, correctness trials
     first_trial_s: float = 0.0  # the first correctness trial, where the candidate's kernels compile
+    gate: DeviceGate | None = None  # shared with other evaluations on this GPU; None when it runs alone
+    alone: bool = False  # its inputs are too large to share the GPU's memory: every GPU phase takes it exclusively
 
     @property
     def options(self) -> EvalOptions:
@@ -167,40 +171,44 @@ class Evaluation:
         ref_samples: list[torch.Tensor] = []
         started = time.perf_counter()
         for trial in range(trials):
-            label, training, grad_mode = MODES[trial % len(MODES)]
-            inputs = self._inputs(opts.seed + 1000 + trial)
-            cand_inputs = _clone(inputs)
-            self._set_training(training)
-            with grad_mode():
-                cand_out = self._call_candidate(cand_inputs, pristine=inputs, label=label)
-                self._sync()
-                ref_out = self.ref_call(*inputs)  # the pristine copy: the mutation check is done with it
-                self._sync()
-            self._check_outputs(inputs, cand_inputs, ref_out, cand_out)
-            comparison = correctness.compare(ref_out, cand_out, trial, opts.atol, opts.rtol, opts.rel_error_bound)
-            if comparison.tolerance is not None:
-                summary.atol, summary.rtol = comparison.tolerance.atol, comparison.tolerance.rtol
-                summary.rel_error_bound = comparison.tolerance.rel_error_bound
-            summary.max_abs_diff = max(summary.max_abs_diff or 0.0, comparison.max_abs_diff)
-            summary.rel_error = max(summary.rel_error or 0.0, comparison.rel_error)
-            first_ref = correctness.flatten_outputs(ref_out)[0]
-            if isinstance(first_ref, torch.Tensor) and len(ref_samples) < 2:
-                ref_samples.append(first_ref.detach().reshape(-1)[:DEGENERACY_SAMPLE].clone())
-            # Freed memory must not hold answers a later allocation could find.
-            guards.poison(correctness.flatten_outputs(cand_out) + correctness.flatten_outputs(ref_out) + cand_inputs)
-            if not comparison.ok:
-                summary.first_mismatch = comparison.mismatch
-                self._note_dtype_cheat(ref_out, cand_out)
-                self.correctness = summary
-                raise Failure(Status.INCORRECT, "Mismatch", f"trial {trial} ({label}): {comparison.message}")
-            summary.passed_trials += 1
-            del inputs, cand_inputs, cand_out, ref_out  # before the next trial allocates its own
+            with self.sharing_gpu():
+                self._correctness_trial(trial, summary, ref_samples)
             if trial == 0:
                 self.first_trial_s = time.perf_counter() - started
         self._check_modes()
         self._note_degenerate(ref_samples)
         self.correctness = summary
         return summary
+
+    def _correctness_trial(self, trial: int, summary: Correctness, ref_samples: list[torch.Tensor]) -> None:
+        opts = self.options
+        label, training, grad_mode = MODES[trial % len(MODES)]
+        inputs = self._inputs(opts.seed + 1000 + trial)
+        cand_inputs = _clone(inputs)
+        self._set_training(training)
+        with grad_mode():
+            cand_out = self._call_candidate(cand_inputs, pristine=inputs, label=label)
+            self._sync()
+            ref_out = self.ref_call(*inputs)  # the pristine copy: the mutation check is done with it
+            self._sync()
+        self._check_outputs(inputs, cand_inputs, ref_out, cand_out)
+        comparison = correctness.compare(ref_out, cand_out, trial, opts.atol, opts.rtol, opts.rel_error_bound)
+        if comparison.tolerance is not None:
+            summary.atol, summary.rtol = comparison.tolerance.atol, comparison.tolerance.rtol
+            summary.rel_error_bound = comparison.tolerance.rel_error_bound
+        summary.max_abs_diff = max(summary.max_abs_diff or 0.0, comparison.max_abs_diff)
+        summary.rel_error = max(summary.rel_error or 0.0, comparison.rel_error)
+        first_ref = correctness.flatten_outputs(ref_out)[0]
+        if isinstance(first_ref, torch.Tensor) and len(ref_samples) < 2:
+            ref_samples.append(first_ref.detach().reshape(-1)[:DEGENERACY_SAMPLE].clone())
+        # Freed memory must not hold answers a later allocation could find.
+        guards.poison(correctness.flatten_outputs(cand_out) + correctness.flatten_outputs(ref_out) + cand_inputs)
+        if not comparison.ok:
+            summary.first_mismatch = comparison.mismatch
+            self._note_dtype_cheat(ref_out, cand_out)
+            self.correctness = summary
+            raise Failure(Status.INCORRECT, "Mismatch", f"trial {trial} ({label}): {comparison.message}")
+        summary.passed_trials += 1
 
     def _call_candidate(self, args: list[Any], pristine: list[Any] | None = None, label: str = "") -> Any:
         """Run the candidate's forward with every runtime check around it."""
@@ -476,6 +484,40 @@ class Evaluation:
             self.recorder.active = False
             self.tripwire.candidate_running = False
 
+    @contextmanager
+    def sharing_gpu(self) -> Iterator[None]:
+        """Work that may run beside other evaluations' correctness checks, never beside their timing."""
+        with self._gated(self.gate.exclusive if self.alone else self.gate.shared) if self.gate else nullcontext():
+            yield
+
+    @contextmanager
+    def owning_gpu(self) -> Iterator[None]:
+        """Timing and profiling: no other evaluation's kernels run meanwhile."""
+        with self._gated(self.gate.exclusive) if self.gate else nullcontext():
+            yield
+
+    @contextmanager
+    def _gated(self, hold: Callable[[], Any]) -> Iterator[None]:
+        with hold():
+            try:
+                yield
+            finally:  # memory this process cached is given back before others go on
+                if self.device.type == "cuda":
+                    torch.cuda.empty_cache()
+
+    def check_memory_share(self) -> None:
+        """Two evaluations check correctness at once: one whose trials need more than a share of the GPU's memory
+        (inputs, their copy and two outputs, from get_inputs on the meta device) runs its GPU phases alone."""
+        if self.gate is None or self.device.type != "cuda":
+            return
+        try:
+            with torch.device("meta"):
+                values = self.get_inputs()
+            need = 4 * sum(v.numel() * v.element_size() for v in values if isinstance(v, torch.Tensor))
+        except Exception:  # sizes unknown without running it: do not risk another evaluation's memory
+            need = None
+        self.alone = need is None or need > torch.cuda.get_device_properties(self.device).total_memory * SHARE_OF_MEMORY
+
     def _seeded(self, seed: int, fn: Callable[[], Any]) -> Any:
         """Call `fn` with every RNG seeded and the evaluation's device as the default one: tensors a task makes
         without naming a device are born there (random inputs of gigabytes take seconds on the CPU)."""
@@ -513,21 +555,29 @@ class Evaluation:
 
 def evaluate(request: EvalRequest, workdir: Path, device: torch.device) -> EvalResult:
     """Run one evaluation and return its result; never raises for anything the candidate does."""
-    ev = Evaluation(request=request, workdir=workdir, device=device)
+    ev = Evaluation(request=request, workdir=workdir, device=device, gate=DeviceGate.for_workdir(workdir))
     result = EvalResult(environment=environment(device))
     opts = request.options
     try:
-        _timed(result, "reference", ev.load_reference)
+        with ev.sharing_gpu():
+            _timed(result, "reference", ev.load_reference)
+        ev.check_memory_share()
         _timed(result, "load", ev.load_candidate)
-        _timed(result, "build", ev.build_candidate)
+        with ev.sharing_gpu():
+            _timed(result, "build", ev.build_candidate)
         result.correctness = _timed(result, "correctness", ev.check_correctness)
         result.phases_s["correctness_first_trial"] = round(ev.first_trial_s, 4)  # Triton compiles here
-        if opts.measure_performance:
-            result.timing, result.speedup, result.speedup_ci = _timed(result, "timing", ev.measure)
-        if opts.profile:
-            result.profile = _timed(result, "profile", ev.profile)
+        if opts.measure_performance or opts.profile:
+            waited = time.perf_counter()
+            with ev.owning_gpu():
+                result.phases_s["gpu_wait"] = round(time.perf_counter() - waited, 4)  # others' timing, checks
+                if opts.measure_performance:
+                    result.timing, result.speedup, result.speedup_ci = _timed(result, "timing", ev.measure)
+                if opts.profile:
+                    result.profile = _timed(result, "profile", ev.profile)
         if opts.check_hacks:
-            _timed(result, "ablation", ev.ablate)
+            with ev.sharing_gpu():
+                _timed(result, "ablation", ev.ablate)
         result.status = Status.CORRECT.value
     except Failure as failure:
         result.status = failure.status.value

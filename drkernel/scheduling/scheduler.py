@@ -1,7 +1,8 @@
 """The embedded scheduler: a queue in front of one worker process per GPU (or N CPU workers).
 
-One evaluation per GPU at a time keeps timings clean; each worker holds the next jobs, whose processes start while
-the first runs. A worker that dies (killed, crashed outside any evaluation) takes nothing with it: its jobs go
+Each worker holds the next jobs, whose processes start while the first runs; on a GPU two run at once, their
+loading, compilation and correctness checks overlapping, while the device gate gives each one's timing and profiling
+the GPU alone (timings stay clean; `overlap=1` runs one at a time). A worker that dies (killed, crashed outside any evaluation) takes nothing with it: its jobs go
 back to the front of the queue and run again, up to `max_attempts`. A candidate's own failure is a result, never
 retried. No server, no ports, no extra processes beyond the workers.
 """
@@ -86,9 +87,12 @@ class _Slot:
 
 
 class Scheduler:
-    def __init__(self, device: str = "auto", workers: int | None = None, max_attempts: int = 3) -> None:
+    def __init__(
+        self, device: str = "auto", workers: int | None = None, max_attempts: int = 3, overlap: int | None = None
+    ) -> None:
         self.device = resolve_device(device)
         self.max_attempts = max_attempts
+        self.overlap = overlap  # evaluations running at once per worker (drkernel.runner.sandbox.DeviceQueue)
         if self.device == "cuda":
             gpus = discover_gpus()
             slots = [_Slot(f"gpu{g}", "cuda", g) for g in gpus[: workers or len(gpus)]]
@@ -190,6 +194,8 @@ class Scheduler:
                    "--memory-cap-mb", str(cap)]
         if slot.gpu is not None:
             command += ["--gpu", slot.gpu]
+        if self.overlap is not None:
+            command += ["--overlap", str(self.overlap)]
         log = open(os.path.join(self._log_dir, f"{slot.name}.log"), "ab")
         process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log)
         log.close()

@@ -1,0 +1,61 @@
+"""The per-GPU gate between evaluation processes: several may load, compile and check correctness at once, but
+timing and profiling have the GPU to themselves.
+
+A reader-writer lock over two files, with `fcntl.flock` (released by the kernel if the process dies): phases that
+only need the GPU to be shared (correctness trials, building models, ablation) hold the lock file shared; timing
+and profiling hold it exclusively. A turnstile file taken exclusively before either makes the lock writer-preferring:
+once a timing phase waits, no new shared phase starts, so a stream of correctness trials cannot starve it. While a
+process waits, the file `waiting` exists in its working directory: the supervisor does not count that time against
+the evaluation's deadline (an evaluation is not late because others were using the GPU).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator
+
+GATE_FILE = "gate"  # in an evaluation's working directory: the path of its GPU's lock file, written by the supervisor
+WAITING_FILE = "waiting"
+
+
+class DeviceGate:
+    def __init__(self, lock_path: str | Path, workdir: str | Path) -> None:
+        self._lock = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o600)
+        self._turnstile = os.open(f"{lock_path}.turnstile", os.O_RDWR | os.O_CREAT, 0o600)
+        self._waiting = Path(workdir) / WAITING_FILE
+
+    @classmethod
+    def for_workdir(cls, workdir: Path) -> DeviceGate | None:
+        """The gate the supervisor named for this evaluation, or None when it runs alone on its device."""
+        named = workdir / GATE_FILE
+        return cls(named.read_text().strip(), workdir) if named.exists() else None
+
+    @contextmanager
+    def shared(self) -> Iterator[None]:
+        self._acquire(fcntl.LOCK_SH)
+        try:
+            yield
+        finally:
+            fcntl.flock(self._lock, fcntl.LOCK_UN)
+
+    @contextmanager
+    def exclusive(self) -> Iterator[None]:
+        self._acquire(fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(self._lock, fcntl.LOCK_UN)
+
+    def _acquire(self, mode: int) -> None:
+        self._waiting.touch()
+        try:
+            fcntl.flock(self._turnstile, fcntl.LOCK_EX)
+            try:
+                fcntl.flock(self._lock, mode)
+            finally:
+                fcntl.flock(self._turnstile, fcntl.LOCK_UN)
+        finally:
+            self._waiting.unlink(missing_ok=True)
