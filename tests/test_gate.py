@@ -62,6 +62,34 @@ def test_exclusive_holder_blocks_everyone(tmp_path: Path) -> None:
     assert sorted(events) == ["exclusive", "shared"]
 
 
+def test_shared_holder_lets_the_lock_go_while_triton_compiles(tmp_path: Path) -> None:
+    from triton import knobs
+
+    checker, timer = _gate(tmp_path, "c"), _gate(tmp_path, "t")
+    synced: list[int] = []
+    checker.compile_outside(lambda: synced.append(1))
+    events: list[str] = []
+    try:
+        with checker.shared():
+            assert knobs.runtime.jit_cache_hook(key="k") is None  # before a compilation: queued work waited for
+            assert synced == [1]
+            with timer.exclusive():  # another evaluation times while this one compiles
+                events.append("timing")
+                waiter = threading.Thread(target=knobs.runtime.jit_post_compile_hook, kwargs={"key": "k"})
+                waiter.start()  # the compilation ends: the kernel may launch only once the timing is over
+                time.sleep(0.3)
+                assert waiter.is_alive()
+            waiter.join(5)
+            events.append("launch")
+            blocked = _try(timer.exclusive, events, "timing again")
+            time.sleep(0.3)
+            assert events == ["timing", "launch"]  # the shared hold is back
+        blocked.join(5)
+        assert events == ["timing", "launch", "timing again"]
+    finally:
+        knobs.runtime.jit_cache_hook = knobs.runtime.jit_post_compile_hook = None
+
+
 @pytest.mark.slow
 def test_evaluation_waits_at_the_gate_without_timing_out(tmp_path: Path) -> None:
     """Another evaluation holds the GPU shared (its correctness checks): this one's correctness runs meanwhile,

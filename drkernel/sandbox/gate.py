@@ -7,6 +7,10 @@ and profiling hold it exclusively. A turnstile file taken exclusively before eit
 once a timing phase waits, no new shared phase starts, so a stream of correctness trials cannot starve it. While a
 process waits, the file `waiting` exists in its working directory: the supervisor does not count that time against
 the evaluation's deadline (an evaluation is not late because others were using the GPU).
+
+Triton compiles a candidate's kernels on the CPU at their first launch, inside a correctness trial. A shared holder
+lets the lock go for the compilation (after waiting for the work it has already queued), so another evaluation's
+timing can run meanwhile, and takes it again before the kernel launches.
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ import fcntl
 import os
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Callable, Iterator
 
 GATE_FILE = "gate"  # in an evaluation's working directory: the path of its GPU's lock file, written by the supervisor
 WAITING_FILE = "waiting"
@@ -26,6 +30,8 @@ class DeviceGate:
         self._lock = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o600)
         self._turnstile = os.open(f"{lock_path}.turnstile", os.O_RDWR | os.O_CREAT, 0o600)
         self._waiting = Path(workdir) / WAITING_FILE
+        self._shared_held = False  # a shared hold, possibly let go during a compilation
+        self._compiling = False
 
     @classmethod
     def for_workdir(cls, workdir: Path) -> DeviceGate | None:
@@ -36,10 +42,34 @@ class DeviceGate:
     @contextmanager
     def shared(self) -> Iterator[None]:
         self._acquire(fcntl.LOCK_SH)
+        self._shared_held = True
         try:
             yield
         finally:
+            self._shared_held = self._compiling = False
             fcntl.flock(self._lock, fcntl.LOCK_UN)
+
+    def compile_outside(self, sync: Callable[[], None]) -> None:
+        """Let the shared lock go while Triton compiles (its JIT hooks run before and after each compilation);
+        `sync` waits for the work already queued on the device, which must not run beside another's timing."""
+        from triton import knobs
+
+        if not hasattr(knobs.runtime, "jit_post_compile_hook"):  # a Triton without JIT hooks compiles under the lock
+            return
+
+        def before(*args: Any, **kwargs: Any) -> None:
+            if self._shared_held and not self._compiling:
+                sync()
+                fcntl.flock(self._lock, fcntl.LOCK_UN)
+                self._compiling = True
+            return None  # anything true would make Triton skip the compilation
+
+        def after(*args: Any, **kwargs: Any) -> None:
+            if self._compiling:
+                self._compiling = False
+                self._acquire(fcntl.LOCK_SH)
+
+        knobs.runtime.jit_cache_hook, knobs.runtime.jit_post_compile_hook = before, after
 
     @contextmanager
     def exclusive(self) -> Iterator[None]:
