@@ -356,13 +356,13 @@ def do_bench_pair(request: EvalRequest, name: str) -> tuple[float, float]:
     ref_mod, cand_mod = _load(request.reference, f"ref_{tag}"), _load(request.candidate, f"cand_{tag}")
     torch.manual_seed(OPTIONS.seed)
     init = ref_mod.get_init_inputs()
-    with torch.device("cuda"), torch.no_grad():
+    with torch.device("cuda"):  # built as the evaluator builds them; called outside (the mode costs host time)
         torch.manual_seed(OPTIONS.seed)
         ref = ref_mod.Model(*init).eval()
         torch.manual_seed(OPTIONS.seed)
         cand = cand_mod.ModelNew(*init).eval()
         inputs = ref_mod.get_inputs()
-        # do_bench's own median moves between calls for microsecond kernels: the median of three
+    with torch.no_grad():  # do_bench's median moves between calls for microsecond kernels: the median of three
         times = tuple(statistics.median(triton.testing.do_bench(lambda: side(*inputs), return_mode="median")
                                         for _ in range(3)) for side in (ref, cand))
     del ref, cand, inputs

@@ -32,7 +32,7 @@ from drkernel.schema import ErrorInfo, EvalRequest, EvalResult, Status
 WATCH_INTERVAL_S = 0.05
 KILL_GRACE_S = 5.0
 OUTPUT_TAIL_CHARS = 3000
-GPU_OVERLAP = 2  # evaluations running at once on one GPU: two at most checking correctness (memory), one timing
+GPU_OVERLAP = 3  # evaluations running at once on one GPU: checking correctness together, timing one at a time
 
 
 class _NeverStarted(Exception):

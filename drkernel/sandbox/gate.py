@@ -15,6 +15,7 @@ timing can run meanwhile, and takes it again before the kernel launches.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 from contextlib import contextmanager
@@ -30,7 +31,7 @@ class DeviceGate:
         self._lock = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o600)
         self._turnstile = os.open(f"{lock_path}.turnstile", os.O_RDWR | os.O_CREAT, 0o600)
         self._waiting = Path(workdir) / WAITING_FILE
-        self._shared_held = False  # a shared hold, possibly let go during a compilation
+        self._yielding: int | None = None  # the mode of a hold that is let go while Triton compiles
         self._compiling = False
 
     @classmethod
@@ -39,18 +40,26 @@ class DeviceGate:
         named = workdir / GATE_FILE
         return cls(named.read_text().strip(), workdir) if named.exists() else None
 
+    def shared(self) -> contextlib.AbstractContextManager[None]:
+        """Correctness checks and the like: beside others' checks, never beside a timing; let go to compile."""
+        return self._hold(fcntl.LOCK_SH, yield_to_compile=True)
+
+    def exclusive(self, yield_to_compile: bool = False) -> contextlib.AbstractContextManager[None]:
+        """Timing and profiling (or checks too large in memory to share the GPU, which may let go to compile)."""
+        return self._hold(fcntl.LOCK_EX, yield_to_compile)
+
     @contextmanager
-    def shared(self) -> Iterator[None]:
-        self._acquire(fcntl.LOCK_SH)
-        self._shared_held = True
+    def _hold(self, mode: int, yield_to_compile: bool) -> Iterator[None]:
+        self._acquire(mode)
+        self._yielding = mode if yield_to_compile else None
         try:
             yield
         finally:
-            self._shared_held = self._compiling = False
+            self._yielding, self._compiling = None, False
             fcntl.flock(self._lock, fcntl.LOCK_UN)
 
     def compile_outside(self, sync: Callable[[], None]) -> None:
-        """Let the shared lock go while Triton compiles (its JIT hooks run before and after each compilation);
+        """Let a yielding hold go while Triton compiles (its JIT hooks run before and after each compilation);
         `sync` waits for the work already queued on the device, which must not run beside another's timing."""
         from triton import knobs
 
@@ -58,26 +67,18 @@ class DeviceGate:
             return
 
         def before(*args: Any, **kwargs: Any) -> None:
-            if self._shared_held and not self._compiling:
+            if self._yielding is not None and not self._compiling:
                 sync()
                 fcntl.flock(self._lock, fcntl.LOCK_UN)
                 self._compiling = True
             return None  # anything true would make Triton skip the compilation
 
         def after(*args: Any, **kwargs: Any) -> None:
-            if self._compiling:
+            if self._compiling and self._yielding is not None:
                 self._compiling = False
-                self._acquire(fcntl.LOCK_SH)
+                self._acquire(self._yielding)
 
         knobs.runtime.jit_cache_hook, knobs.runtime.jit_post_compile_hook = before, after
-
-    @contextmanager
-    def exclusive(self) -> Iterator[None]:
-        self._acquire(fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(self._lock, fcntl.LOCK_UN)
 
     def _acquire(self, mode: int) -> None:
         self._waiting.touch()

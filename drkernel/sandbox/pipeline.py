@@ -52,7 +52,7 @@ MODES: list[tuple[str, bool, Callable[[], Any]]] = [
 ]
 CHECKED_TIMING_TRIALS = 1  # timed calls, chosen at random, whose outputs are compared in full (all: on a sample)
 TIMED_SAMPLE_ELEMENTS = 4096  # elements per output compared after every other timed call
-SHARE_OF_MEMORY = 0.4  # of the GPU's memory, at most, for one evaluation's trials beside another's
+SHARE_OF_MEMORY = 0.25  # of the GPU's memory, at most, for one evaluation's trials beside others' (3 at once)
 DEGENERACY_SAMPLE = 1 << 20  # elements of the reference's output kept to judge whether the task is degenerate
 TRACEBACK_CHARS = 4000
 
@@ -351,7 +351,7 @@ class Evaluation:
             else:
                 ok = correctness.compare_sample(ref_out, cand_out, trial, opts.atol, opts.rtol, opts.rel_error_bound,
                                                 TIMED_SAMPLE_ELEMENTS, torch.Generator(device=self.device).manual_seed(
-                                                    rng.randrange(1 << 62)))
+                                                    rng.randrange(1 << 62))).ok
             if not ok:
                 self.findings.add(
                     guards.OUTPUT_CACHING,
@@ -487,13 +487,19 @@ class Evaluation:
     @contextmanager
     def sharing_gpu(self) -> Iterator[None]:
         """Work that may run beside other evaluations' correctness checks, never beside their timing."""
-        with self._gated(self.gate.exclusive if self.alone else self.gate.shared) if self.gate else nullcontext():
+        if self.gate is None:
+            yield
+            return
+        with self._gated(lambda: self.gate.exclusive(yield_to_compile=True) if self.alone else self.gate.shared()):
             yield
 
     @contextmanager
     def owning_gpu(self) -> Iterator[None]:
         """Timing and profiling: no other evaluation's kernels run meanwhile."""
-        with self._gated(self.gate.exclusive) if self.gate else nullcontext():
+        if self.gate is None:
+            yield
+            return
+        with self._gated(self.gate.exclusive):
             yield
 
     @contextmanager
@@ -506,8 +512,9 @@ class Evaluation:
                     torch.cuda.empty_cache()
 
     def check_memory_share(self) -> None:
-        """Two evaluations check correctness at once: one whose trials need more than a share of the GPU's memory
-        (inputs, their copy and two outputs, from get_inputs on the meta device) runs its GPU phases alone."""
+        """Several evaluations check correctness at once: one whose trials need more than a share of the GPU's memory
+        (inputs, their copy and two outputs, from get_inputs on the meta device) runs its GPU phases alone (it still
+        lets the GPU go while its kernels compile)."""
         if self.gate is None or self.device.type != "cuda":
             return
         try:

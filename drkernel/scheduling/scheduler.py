@@ -1,6 +1,6 @@
 """The embedded scheduler: a queue in front of one worker process per GPU (or N CPU workers).
 
-Each worker holds the next jobs, whose processes start while the first runs; on a GPU two run at once, their
+Each worker holds the next jobs, whose processes start while the first runs; on a GPU three run at once, their
 loading, compilation and correctness checks overlapping, while the device gate gives each one's timing and profiling
 the GPU alone (timings stay clean; `overlap=1` runs one at a time). A worker that dies (killed, crashed outside any evaluation) takes nothing with it: its jobs go
 back to the front of the queue and run again, up to `max_attempts`. A candidate's own failure is a result, never
@@ -26,7 +26,7 @@ from typing import IO, Callable, Iterable, Iterator, Protocol
 from drkernel.runner.sandbox import memory_share_mb
 from drkernel.schema import ErrorInfo, EvalRequest, EvalResult, Status
 
-JOBS_PER_WORKER = 3  # the running one and two being prepared (CUDA and profiler start-up take a few seconds)
+JOBS_PER_WORKER = 4  # the running ones (3 at once on a GPU) and one being prepared (CUDA start-up takes seconds)
 START_ALLOWANCE_S = 120.0  # beyond a job's own timeout: process start, CUDA initialisation, the job before it
 
 
@@ -188,7 +188,7 @@ class Scheduler:
     # Worker management -------------------------------------------------------------------------------------
 
     def _start_worker(self, slot: _Slot) -> subprocess.Popen[bytes]:
-        # Two evaluation processes per worker may be alive at once: the machine's memory is shared among them all.
+        # JOBS_PER_WORKER evaluation processes per worker may be alive at once: the machine's memory is shared.
         cap = memory_share_mb(JOBS_PER_WORKER * len(self._slots))
         command = [sys.executable, "-m", "drkernel.scheduling.worker", "--device", slot.device,
                    "--memory-cap-mb", str(cap)]
