@@ -2,9 +2,10 @@
 
     python benchmarks/gpu_bench.py SECTION [SECTION ...] --kernelbench PATH --out DIR
 
-Sections: env, hacks, kernelbench, onebyone, repeat, dobench, degenerate, scaling, ray, and for issue 14 stability,
-throughput, memo, launch. Each prints a short table and writes DIR/<section>.json with every number. `ray` needs Ray
-installed; `scaling` and `ray` use every visible GPU.
+Sections: env, hacks, kernelbench, onebyone, repeat, dobench, degenerate, scaling, ray. Each prints a short table and
+writes DIR/<section>.json with every number. `ray` needs Ray installed; `scaling` and `ray` use every visible GPU.
+
+Issue 14's sections: stability, throughput, memo, launch.
 """
 
 from __future__ import annotations
@@ -122,6 +123,24 @@ def run_batch(pairs: list[tuple[str, EvalRequest]], tag: str, overlap: int | Non
             "problems": rows}
 
 
+def section_onebyone(args: argparse.Namespace, pairs: list[tuple[str, EvalRequest]] | None = None) -> dict:
+    """The naive way: one `drkernel eval` process per problem, nothing kept warm."""
+    pairs = pairs or kernelbench_pairs(args.kernelbench)
+    tmp = Path(tempfile.mkdtemp())
+    fresh_triton_cache("onebyone")
+    statuses = {}
+    start = time.monotonic()
+    for name, request in pairs:
+        (tmp / "ref.py").write_text(request.reference)
+        (tmp / "cand.py").write_text(request.candidate)
+        proc = subprocess.run([sys.executable, "-m", "drkernel.cli.main", "eval", "-r", str(tmp / "ref.py"),
+                               "-c", str(tmp / "cand.py"), "--device", "cuda", "--json"],
+                              capture_output=True, text=True, cwd=REPO)
+        statuses[name] = json.loads(proc.stdout)["status"] if proc.returncode == 0 else f"exit {proc.returncode}"
+    wall = time.monotonic() - start
+    return {"wall_s": wall, "evaluations": len(pairs), "per_minute": 60 * len(pairs) / wall, "statuses": statuses}
+
+
 def section_throughput(args: argparse.Namespace) -> dict:
     """The 20 problems with evaluations overlapping on the GPU (the default), one at a time (`overlap=1`, the
     exclusive mode), and as fresh `drkernel eval` processes (the first `--onebyone-limit`), in one run."""
@@ -139,24 +158,6 @@ def section_throughput(args: argparse.Namespace) -> dict:
             "max_speedup_deviation": max(deviations) if deviations else None,
             "rates_per_minute": {"overlapped": overlapped["per_minute"], "exclusive": exclusive["per_minute"],
                                  "onebyone": onebyone["per_minute"]}}
-
-
-def section_onebyone(args: argparse.Namespace, pairs: list[tuple[str, EvalRequest]] | None = None) -> dict:
-    """The naive way: one `drkernel eval` process per problem, nothing kept warm."""
-    pairs = pairs or kernelbench_pairs(args.kernelbench)
-    tmp = Path(tempfile.mkdtemp())
-    fresh_triton_cache("onebyone")
-    statuses = {}
-    start = time.monotonic()
-    for name, request in pairs:
-        (tmp / "ref.py").write_text(request.reference)
-        (tmp / "cand.py").write_text(request.candidate)
-        proc = subprocess.run([sys.executable, "-m", "drkernel.cli.main", "eval", "-r", str(tmp / "ref.py"),
-                               "-c", str(tmp / "cand.py"), "--device", "cuda", "--json"],
-                              capture_output=True, text=True, cwd=REPO)
-        statuses[name] = json.loads(proc.stdout)["status"] if proc.returncode == 0 else f"exit {proc.returncode}"
-    wall = time.monotonic() - start
-    return {"wall_s": wall, "evaluations": len(pairs), "per_minute": 60 * len(pairs) / wall, "statuses": statuses}
 
 
 def section_repeat(args: argparse.Namespace) -> dict:
