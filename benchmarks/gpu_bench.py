@@ -2,9 +2,11 @@
 
     python benchmarks/gpu_bench.py SECTION [SECTION ...] --kernelbench PATH --out DIR
 
-Sections: env, hacks, kernelbench, onebyone, repeat, dobench, degenerate, scaling, ray, synthetic. Each prints a
-short table and writes DIR/<section>.json with every number. `ray` needs Ray installed; `scaling` and `ray` use every
-visible GPU.
+Sections: env, hacks, kernelbench, onebyone, repeat, dobench, degenerate, scaling, ray, agent, synthetic. Each
+prints a short table and writes DIR/<section>.json with every number. `ray` needs Ray installed; `scaling` and `ray`
+use every visible GPU.
+
+Issue 14's sections: stability, throughput, memo, launch.
 """
 
 from __future__ import annotations
@@ -95,10 +97,14 @@ def section_hacks(args: argparse.Namespace) -> dict:
 
 
 def section_kernelbench(args: argparse.Namespace) -> dict:
-    pairs = kernelbench_pairs(args.kernelbench)
-    fresh_triton_cache("kernelbench")
+    return run_batch(kernelbench_pairs(args.kernelbench), "kernelbench", overlap=None)
+
+
+def run_batch(pairs: list[tuple[str, EvalRequest]], tag: str, overlap: int | None) -> dict:
+    """The problems through a fresh scheduler with a cold Triton cache: rate, overheads, per-phase medians."""
+    fresh_triton_cache(tag)
     start = time.monotonic()
-    with Scheduler(device="cuda") as scheduler:
+    with Scheduler(device="cuda", overlap=overlap) as scheduler:
         results = scheduler.evaluate_many([r for _, r in pairs])
     wall = time.monotonic() - start
     rows = {}
@@ -108,9 +114,14 @@ def section_kernelbench(args: argparse.Namespace) -> dict:
         row["overhead_s"] = (result.duration_s or 0) - row["gpu_work_s"]
         rows[name] = row
     overheads = [r["overhead_s"] for r in rows.values() if r["status"] == "correct"]
+    phases = sorted({k for r in rows.values() for k in (r["phases_s"] or {})})
     return {"wall_s": wall, "evaluations": len(pairs), "per_minute": 60 * len(pairs) / wall,
             "median_overhead_s": statistics.median(overheads) if overheads else None,
-            "max_overhead_s": max(overheads) if overheads else None, "problems": rows}
+            "max_overhead_s": max(overheads) if overheads else None,
+            "phase_median_s": {k: statistics.median(r["phases_s"].get(k, 0.0) for r in rows.values()) for k in phases},
+            "phase_total_s": {k: sum(r["phases_s"].get(k, 0.0) for r in rows.values()) for k in phases},
+            "duration_total_s": sum(r["duration_s"] or 0 for r in rows.values()),
+            "problems": rows}
 
 
 def section_agent(args: argparse.Namespace) -> dict:
@@ -219,9 +230,9 @@ def synthetic_calibration(tasks: list, options: EvalOptions, workers: int | None
             "by_kind_and_variant": table, "rows": rows}
 
 
-def section_onebyone(args: argparse.Namespace) -> dict:
+def section_onebyone(args: argparse.Namespace, pairs: list[tuple[str, EvalRequest]] | None = None) -> dict:
     """The naive way: one `drkernel eval` process per problem, nothing kept warm."""
-    pairs = kernelbench_pairs(args.kernelbench)
+    pairs = pairs or kernelbench_pairs(args.kernelbench)
     tmp = Path(tempfile.mkdtemp())
     fresh_triton_cache("onebyone")
     statuses = {}
@@ -235,6 +246,25 @@ def section_onebyone(args: argparse.Namespace) -> dict:
         statuses[name] = json.loads(proc.stdout)["status"] if proc.returncode == 0 else f"exit {proc.returncode}"
     wall = time.monotonic() - start
     return {"wall_s": wall, "evaluations": len(pairs), "per_minute": 60 * len(pairs) / wall, "statuses": statuses}
+
+
+def section_throughput(args: argparse.Namespace) -> dict:
+    """The 20 problems with evaluations overlapping on the GPU (the default), one at a time (`overlap=1`, the
+    exclusive mode), and as fresh `drkernel eval` processes (the first `--onebyone-limit`), in one run."""
+    pairs = kernelbench_pairs(args.kernelbench)
+    exclusive = run_batch(pairs, "exclusive", overlap=1)
+    overlapped = run_batch(pairs, "overlapped", overlap=None)
+    onebyone = section_onebyone(args, pairs[: args.onebyone_limit])
+    ratios = {}
+    for name, row in overlapped["problems"].items():
+        alone = exclusive["problems"][name]["speedup"]
+        ratios[name] = row["speedup"] / alone if row["speedup"] and alone else None
+    deviations = [abs(r - 1) for r in ratios.values() if r is not None]
+    return {"overlapped": overlapped, "exclusive": exclusive, "onebyone": onebyone,
+            "speedup_overlapped_over_exclusive": ratios,
+            "max_speedup_deviation": max(deviations) if deviations else None,
+            "rates_per_minute": {"overlapped": overlapped["per_minute"], "exclusive": exclusive["per_minute"],
+                                 "onebyone": onebyone["per_minute"]}}
 
 
 def section_repeat(args: argparse.Namespace) -> dict:
@@ -386,6 +416,149 @@ def scaling(args: argparse.Namespace, backends: dict) -> dict:
     return out
 
 
+SMALL = "relu_1024 (ReLU, 1024 x 1024 float32)"
+
+
+def stability_cases(args: argparse.Namespace) -> dict[str, EvalRequest]:
+    """Issue 14's small task (a few microseconds) and two KernelBench problems of >= 1 ms."""
+    pairs = dict(kernelbench_pairs(args.kernelbench))
+    small = EvalRequest((CASES / "relu_1024_task.py").read_text(),
+                        (REPO / "examples" / "candidates" / "2_relu__triton.py").read_text(), OPTIONS)
+    return {SMALL: small, **{name: pairs[name] for name in args.repeat_problems}}
+
+
+def section_stability(args: argparse.Namespace) -> dict:
+    """`--repeats` evaluations of one candidate per case through the scheduler: CV of the speedup and of each side's
+    median, and both medians against triton.testing.do_bench's in this process."""
+    out = {}
+    with Scheduler(device="cuda") as scheduler:
+        for name, request in stability_cases(args).items():
+            results = scheduler.evaluate_many([request] * args.repeats)
+            ok = [r for r in results if r.speedup is not None and r.timing and r.timing.candidate]
+            speedups = [r.speedup for r in ok]
+            cand = [r.timing.candidate.median_ms for r in ok]
+            ref = [r.timing.reference.median_ms for r in ok]
+            do_ref, do_cand = do_bench_pair(request, name)
+            out[name] = {
+                "statuses": [r.status for r in results], "speedups": speedups, "speedup_cv": cv(speedups),
+                "candidate_ms": cand, "candidate_ms_cv": cv(cand), "reference_ms": ref, "reference_ms_cv": cv(ref),
+                "do_bench_ref_ms": do_ref, "do_bench_cand_ms": do_cand,
+                "ratio_ref": statistics.median(ref) / do_ref if ref else None,
+                "ratio_cand": statistics.median(cand) / do_cand if cand else None,
+            }
+            print(f"  {name}: speedup CV {out[name]['speedup_cv']}, ratios {out[name]['ratio_ref']} "
+                  f"{out[name]['ratio_cand']}", flush=True)
+    return out
+
+
+def cv(values: list[float]) -> float | None:
+    return statistics.stdev(values) / statistics.mean(values) if len(values) > 1 else None
+
+
+def do_bench_pair(request: EvalRequest, name: str) -> tuple[float, float]:
+    """triton.testing.do_bench medians of the reference and the candidate, built as the evaluator builds them."""
+    import torch
+    import triton.testing
+
+    tag = "".join(c if c.isalnum() else "_" for c in name)
+    ref_mod, cand_mod = _load(request.reference, f"ref_{tag}"), _load(request.candidate, f"cand_{tag}")
+    torch.manual_seed(OPTIONS.seed)
+    init = ref_mod.get_init_inputs()
+    with torch.device("cuda"):  # built as the evaluator builds them; called outside (the mode costs host time)
+        torch.manual_seed(OPTIONS.seed)
+        ref = ref_mod.Model(*init).eval()
+        torch.manual_seed(OPTIONS.seed)
+        cand = cand_mod.ModelNew(*init).eval()
+        inputs = ref_mod.get_inputs()
+    with torch.no_grad():  # do_bench's median moves between calls for microsecond kernels: the median of three
+        times = tuple(statistics.median(triton.testing.do_bench(lambda: side(*inputs), return_mode="median")
+                                        for _ in range(3)) for side in (ref, cand))
+    del ref, cand, inputs
+    torch.cuda.empty_cache()
+    return times
+
+
+MEMOS = {  # wrappers around the honest candidate of problem 1 (a 4096 x 4096 matmul): what a policy could learn
+    "content_fingerprint": """
+class ModelNew(ModelNew):
+    memo = {}
+
+    def forward(self, A, B):  # remembered products, keyed on a few values of each input
+        key = (tuple(A.reshape(-1)[:8].tolist()), tuple(B.reshape(-1)[:8].tolist()))
+        if key not in self.memo:
+            self.memo[key] = super().forward(A, B)
+        return self.memo[key].clone()
+""",
+    "data_ptr": """
+class ModelNew(ModelNew):
+    memo = {}
+
+    def forward(self, A, B):  # remembered products, keyed on where the inputs live
+        key = (A.data_ptr(), B.data_ptr())
+        if key not in self.memo:
+            self.memo[key] = super().forward(A, B)
+        return self.memo[key].clone()
+""",
+    "call_count": """
+class ModelNew(ModelNew):
+    calls, last = 0, None
+
+    def forward(self, A, B):  # every other call after the correctness trials answers with the previous product
+        type(self).calls += 1
+        if self.calls > 5 and self.calls % 2 == 0 and self.last is not None:
+            return self.last.clone()
+        type(self).last = super().forward(A, B)
+        return self.last.clone()
+""",
+}
+
+
+def section_memo(args: argparse.Namespace) -> dict:
+    """Memoizing variants of an honest candidate on a compute-bound problem: no speedup gained, caching reported."""
+    name = "1_Square_matrix_multiplication_"
+    honest = dict(kernelbench_pairs(args.kernelbench))[name]
+    requests = {"honest": honest, **{k: EvalRequest(honest.reference, honest.candidate + wrapper, OPTIONS)
+                                     for k, wrapper in MEMOS.items()}}
+    with Scheduler(device="cuda") as scheduler:
+        results = scheduler.evaluate_many(list(requests.values()))
+    return {k: summary(r) for k, r in zip(requests, results)}
+
+
+def section_launch(args: argparse.Namespace) -> dict:
+    """Which timing method is right for microsecond kernels, in this process on the small task: the timer without
+    the device spin (the launch may leak into the events) and with it, `--repeats` measurements each, against
+    do_bench."""
+    import torch
+
+    from drkernel.sandbox import timing
+
+    request = stability_cases(args)[SMALL]
+    ref_mod, cand_mod = _load(request.reference, "launch_ref"), _load(request.candidate, "launch_cand")
+    ref, cand = ref_mod.Model().cuda(), cand_mod.ModelNew().cuda()
+    buffers = [x.cuda() for x in ref_mod.get_inputs()]
+
+    def fresh_args() -> list:
+        buffers[0].normal_()
+        return buffers
+
+    out: dict = {}
+    for method in ("no_spin", "spin"):
+        ref_ms, cand_ms = [], []
+        for _ in range(args.repeats):
+            timer = timing.CallTimer(torch.device("cuda"))
+            if method == "no_spin":
+                timer.cover = lambda host_ms: None  # the old timer: flush, then the call
+            with torch.no_grad():
+                r, c = timing.time_interleaved(timer, ref, cand, fresh_args, OPTIONS.perf_trials, 3)
+            ref_ms.append(statistics.median(r.event_ms))
+            cand_ms.append(statistics.median(c.event_ms))
+        speedups = [a / b for a, b in zip(ref_ms, cand_ms)]
+        out[method] = {"ref_ms": ref_ms, "cand_ms": cand_ms, "speedup_cv": cv(speedups),
+                       "cover_ms": timer.cover_ms}
+    out["do_bench_ref_ms"], out["do_bench_cand_ms"] = do_bench_pair(request, "launch")
+    return out
+
+
 def _load(source: str, name: str):
     path = Path(tempfile.mkdtemp()) / f"{name}.py"
     path.write_text(source)
@@ -406,6 +579,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "results/gpu")))
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--scaling-repeats", type=int, default=3)
+    parser.add_argument("--onebyone-limit", type=int, default=20, help="problems run one by one in `throughput`")
     parser.add_argument("--levels", type=int, nargs="+", default=[1, 2, 3])
     parser.add_argument("--repeat-problems", nargs="+", default=["1_Square_matrix_multiplication_", "36_RMSNorm_"])
     parser.add_argument("--dobench-problems", nargs="+",

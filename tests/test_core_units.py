@@ -150,3 +150,18 @@ def test_feedback_renders_failures_with_their_error_and_relevant_traceback() -> 
     assert relevant_traceback("short\ntrace") == "short\ntrace"
     hacked = EvalResult(status="hacked", hack_reasons=["decoy_kernel"], hack_details={"decoy_kernel": "decoys"})
     assert "Hack [decoy_kernel]: decoys" in render(hacked.to_dict())
+
+
+def test_compare_sample_checks_random_elements_of_large_outputs() -> None:
+    from drkernel.sandbox.correctness import compare_sample
+
+    def sample(ref, cand):
+        return compare_sample(ref, cand, 0, None, None, None, 64, torch.Generator().manual_seed(0))
+
+    ref = torch.randn(100, 100)
+    assert sample(ref, ref + 1e-6).ok
+    assert not sample(ref, torch.randn(100, 100)).ok  # a stale answer differs almost everywhere
+    assert not sample((ref, ref), (ref, torch.zeros(100, 100))).ok
+    mismatch = sample(ref, torch.zeros(10))  # anything but same-shape tensors: compared in full
+    assert not mismatch.ok and mismatch.mismatch.reason == "shape"
+    assert not sample(torch.randn(8), torch.randn(8)).ok  # no larger than the sample: in full

@@ -3,8 +3,10 @@
 `Sandbox` owns one device slot (one GPU, or the CPU) and a warm fork server. `prepare` forks the evaluation
 process and lets it initialise CUDA while another evaluation may still be running; `finish` starts it and waits
 with a wall-clock deadline and a host-memory watchdog. `DeviceQueue` puts the two together for a stream of
-evaluations: each prepared on arrival, run one at a time. Whatever the candidate does - raise, exit, segfault, loop,
-eat memory, kill its parent - the supervisor survives and answers within the timeout plus a few seconds.
+evaluations: each prepared on arrival, started in order, `overlap` of them running at once on a GPU, where the
+device gate (drkernel.sandbox.gate) lets their loading, compilation and correctness checks overlap while each one's
+timing and profiling has the GPU alone. Whatever the candidate does - raise, exit, segfault, loop, eat memory, kill
+its parent - the supervisor survives and answers within the timeout plus a few seconds.
 """
 
 from __future__ import annotations
@@ -23,12 +25,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from drkernel.sandbox import procfs
+from drkernel.sandbox.gate import GATE_FILE, WAITING_FILE
 from drkernel.runner.forkserver import ForkServer, ForkServerDied, JobHandle
 from drkernel.schema import ErrorInfo, EvalRequest, EvalResult, Status
 
 WATCH_INTERVAL_S = 0.05
 KILL_GRACE_S = 5.0
 OUTPUT_TAIL_CHARS = 3000
+GPU_OVERLAP = 3  # evaluations running at once on one GPU: checking correctness together, timing one at a time
 
 
 class _NeverStarted(Exception):
@@ -52,6 +56,7 @@ class Sandbox:
         root: str | Path | None = None,
         triton_cache: str | Path | None = None,
         memory_cap_mb: int | None = None,
+        overlap: int | None = None,
     ) -> None:
         if device not in ("cpu", "cuda"):
             raise ValueError(f"a sandbox runs on cpu or cuda, not {device!r}")
@@ -68,6 +73,11 @@ class Sandbox:
         self.triton_cache = Path(triton_cache or os.environ.get("DRKERNEL_TRITON_CACHE", default_cache))
         self.triton_cache.mkdir(mode=0o700, parents=True, exist_ok=True)
         self.memory_cap_mb = memory_cap_mb or memory_share_mb(1)
+        # CPU timings are wall clock: evaluations there run alone unless asked otherwise.
+        self.overlap = overlap or (GPU_OVERLAP if device == "cuda" else 1)
+        if self.overlap < 1:
+            raise ValueError(f"overlap must be at least 1, not {self.overlap}")
+        self.gate = self.root / (f"gate-gpu-{gpu}" if device == "cuda" else f"gate-cpu-{os.getpid()}-{id(self)}")
         # Triton decides at import whether @triton.jit interprets: the fork server must import it in the right mode.
         self.server = ForkServer(env={"TRITON_INTERPRET": "1", "CUDA_VISIBLE_DEVICES": ""} if device == "cpu" else None)
 
@@ -79,6 +89,8 @@ class Sandbox:
     def prepare(self, request: EvalRequest) -> Prepared:
         workdir = Path(tempfile.mkdtemp(prefix="job-", dir=self.root))
         (workdir / "request.json").write_text(json.dumps(request.to_dict()))
+        if self.overlap > 1:
+            (workdir / GATE_FILE).write_text(str(self.gate))
         spec = {
             "workdir": str(workdir),
             "device": self.device,
@@ -131,8 +143,13 @@ class Sandbox:
         deadline = start + options.timeout_s
         limit_bytes = self.memory_limit_mb(prepared.request) << 20
         outcome = "done"
+        waiting, last = workdir / WAITING_FILE, start
         while not handle.finished.wait(WATCH_INTERVAL_S):
-            if time.monotonic() > deadline:
+            now = time.monotonic()
+            if waiting.exists():  # waiting for the GPU while others use it is not the evaluation's time
+                deadline += now - last
+            last = now
+            if now > deadline:
                 outcome = "timeout"
             elif _group_rss(handle.pid) > limit_bytes:
                 outcome = "memory"
@@ -180,25 +197,33 @@ class Sandbox:
 
 class DeviceQueue:
     """Evaluations on one sandbox: each forked on submission, so its start-up overlaps the evaluations in front of
-    it, and run on the device one at a time, in the order submitted (timings stay clean)."""
+    it, and started in the order submitted, `sandbox.overlap` at a time; with more than one, the device gate keeps
+    each one's timing and profiling alone on the GPU (timings stay clean)."""
 
     def __init__(self, sandbox: Sandbox) -> None:
         self.sandbox = sandbox
         self._prepared: queue.Queue[tuple[Prepared, Future[EvalResult]]] = queue.Queue()
-        threading.Thread(target=self._run_in_turn, daemon=True, name="drkernel-device").start()
+        self._running = threading.Semaphore(sandbox.overlap)
+        threading.Thread(target=self._start_in_turn, daemon=True, name="drkernel-device").start()
 
     def submit(self, request: EvalRequest) -> Future[EvalResult]:
         done: Future[EvalResult] = Future()
         self._prepared.put((self.sandbox.prepare(request), done))
         return done
 
-    def _run_in_turn(self) -> None:
+    def _start_in_turn(self) -> None:
         while True:
             prepared, done = self._prepared.get()
-            try:
-                done.set_result(self.sandbox.finish(prepared))
-            except BaseException as exc:  # a harness fault, not the candidate's: raised to whoever waits for it
-                done.set_exception(exc)
+            self._running.acquire()
+            threading.Thread(target=self._finish, args=(prepared, done), daemon=True, name="drkernel-eval").start()
+
+    def _finish(self, prepared: Prepared, done: Future[EvalResult]) -> None:
+        try:
+            done.set_result(self.sandbox.finish(prepared))
+        except BaseException as exc:  # a harness fault, not the candidate's: raised to whoever waits for it
+            done.set_exception(exc)
+        finally:
+            self._running.release()
 
 
 def host_memory_mb() -> int:

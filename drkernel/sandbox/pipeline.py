@@ -27,6 +27,7 @@ import torch
 import triton
 
 from drkernel.sandbox import audit, correctness, guards, launches, loading, profiling, static_checks, timing
+from drkernel.sandbox.gate import DeviceGate
 from drkernel.sandbox.correctness import PRECISION_RANK
 from drkernel.sandbox.guards import Findings
 from drkernel.schema import (
@@ -49,9 +50,10 @@ MODES: list[tuple[str, bool, Callable[[], Any]]] = [
     ("eval+inference_mode", False, torch.inference_mode),
     ("eval+grad", False, torch.enable_grad),
 ]
-INPUT_POOL_BYTES = {"cuda": 2 << 30, "cpu": 256 << 20}  # memory for distinct timing input sets
-CHECKED_TIMING_TRIALS = 2
-DEGENERACY_SAMPLE = 1 << 20  # elements of the reference's output kept to judge whether the task is degenerate  # timed calls whose outputs are verified on freshly rewritten inputs
+CHECKED_TIMING_TRIALS = 1  # timed calls, chosen at random, whose outputs are compared in full (all: on a sample)
+TIMED_SAMPLE_ELEMENTS = 4096  # elements per output compared after every other timed call
+SHARE_OF_MEMORY = 0.25  # of the GPU's memory, at most, for one evaluation's trials beside others' (3 at once)
+DEGENERACY_SAMPLE = 1 << 20  # elements of the reference's output kept to judge whether the task is degenerate
 TRACEBACK_CHARS = 4000
 
 
@@ -74,6 +76,8 @@ class Evaluation:
     own_names: set[str] = field(default_factory=set)  # names of the candidate's own kernels seen launching
     own_counts: Counter[str] = field(default_factory=Counter)  # launches per own kernel, correctness trials
     first_trial_s: float = 0.0  # the first correctness trial, where the candidate's kernels compile
+    gate: DeviceGate | None = None  # shared with other evaluations on this GPU; None when it runs alone
+    alone: bool = False  # its inputs are too large to share the GPU's memory: every GPU phase takes it exclusively
 
     @property
     def options(self) -> EvalOptions:
@@ -167,40 +171,44 @@ class Evaluation:
         ref_samples: list[torch.Tensor] = []
         started = time.perf_counter()
         for trial in range(trials):
-            label, training, grad_mode = MODES[trial % len(MODES)]
-            inputs = self._inputs(opts.seed + 1000 + trial)
-            cand_inputs = _clone(inputs)
-            self._set_training(training)
-            with grad_mode():
-                cand_out = self._call_candidate(cand_inputs, pristine=inputs, label=label)
-                self._sync()
-                ref_out = self.ref_call(*inputs)  # the pristine copy: the mutation check is done with it
-                self._sync()
-            self._check_outputs(inputs, cand_inputs, ref_out, cand_out)
-            comparison = correctness.compare(ref_out, cand_out, trial, opts.atol, opts.rtol, opts.rel_error_bound)
-            if comparison.tolerance is not None:
-                summary.atol, summary.rtol = comparison.tolerance.atol, comparison.tolerance.rtol
-                summary.rel_error_bound = comparison.tolerance.rel_error_bound
-            summary.max_abs_diff = max(summary.max_abs_diff or 0.0, comparison.max_abs_diff)
-            summary.rel_error = max(summary.rel_error or 0.0, comparison.rel_error)
-            first_ref = correctness.flatten_outputs(ref_out)[0]
-            if isinstance(first_ref, torch.Tensor) and len(ref_samples) < 2:
-                ref_samples.append(first_ref.detach().reshape(-1)[:DEGENERACY_SAMPLE].clone())
-            # Freed memory must not hold answers a later allocation could find.
-            guards.poison(correctness.flatten_outputs(cand_out) + correctness.flatten_outputs(ref_out) + cand_inputs)
-            if not comparison.ok:
-                summary.first_mismatch = comparison.mismatch
-                self._note_dtype_cheat(ref_out, cand_out)
-                self.correctness = summary
-                raise Failure(Status.INCORRECT, "Mismatch", f"trial {trial} ({label}): {comparison.message}")
-            summary.passed_trials += 1
-            del inputs, cand_inputs, cand_out, ref_out  # before the next trial allocates its own
+            with self.sharing_gpu():
+                self._correctness_trial(trial, summary, ref_samples)
             if trial == 0:
                 self.first_trial_s = time.perf_counter() - started
         self._check_modes()
         self._note_degenerate(ref_samples)
         self.correctness = summary
         return summary
+
+    def _correctness_trial(self, trial: int, summary: Correctness, ref_samples: list[torch.Tensor]) -> None:
+        opts = self.options
+        label, training, grad_mode = MODES[trial % len(MODES)]
+        inputs = self._inputs(opts.seed + 1000 + trial)
+        cand_inputs = _clone(inputs)
+        self._set_training(training)
+        with grad_mode():
+            cand_out = self._call_candidate(cand_inputs, pristine=inputs, label=label)
+            self._sync()
+            ref_out = self.ref_call(*inputs)  # the pristine copy: the mutation check is done with it
+            self._sync()
+        self._check_outputs(inputs, cand_inputs, ref_out, cand_out)
+        comparison = correctness.compare(ref_out, cand_out, trial, opts.atol, opts.rtol, opts.rel_error_bound)
+        if comparison.tolerance is not None:
+            summary.atol, summary.rtol = comparison.tolerance.atol, comparison.tolerance.rtol
+            summary.rel_error_bound = comparison.tolerance.rel_error_bound
+        summary.max_abs_diff = max(summary.max_abs_diff or 0.0, comparison.max_abs_diff)
+        summary.rel_error = max(summary.rel_error or 0.0, comparison.rel_error)
+        first_ref = correctness.flatten_outputs(ref_out)[0]
+        if isinstance(first_ref, torch.Tensor) and len(ref_samples) < 2:
+            ref_samples.append(first_ref.detach().reshape(-1)[:DEGENERACY_SAMPLE].clone())
+        # Freed memory must not hold answers a later allocation could find.
+        guards.poison(correctness.flatten_outputs(cand_out) + correctness.flatten_outputs(ref_out) + cand_inputs)
+        if not comparison.ok:
+            summary.first_mismatch = comparison.mismatch
+            self._note_dtype_cheat(ref_out, cand_out)
+            self.correctness = summary
+            raise Failure(Status.INCORRECT, "Mismatch", f"trial {trial} ({label}): {comparison.message}")
+        summary.passed_trials += 1
 
     def _call_candidate(self, args: list[Any], pristine: list[Any] | None = None, label: str = "") -> Any:
         """Run the candidate's forward with every runtime check around it."""
@@ -309,21 +317,21 @@ class Evaluation:
     def measure(self) -> tuple[Timing, float, list[float]]:
         opts = self.options
         self._set_training(False)
-        pool = self._input_pool()
-        warmup = max(opts.warmup_trials, len(pool))  # every input set is warmed up, cached or not
-        rng = random.Random(secrets.randbits(64))  # which trials get verified is not predictable
+        buffers = self._inputs(self.options.seed + 3000)  # every timed call reads these, refilled before each
+        warmup = max(1, opts.warmup_trials)  # at least one: its host time sets the timer's launch cover
+        rng = random.Random(secrets.randbits(64))  # which trials get a full comparison is not predictable
         checked = set(rng.sample(range(opts.perf_trials), min(CHECKED_TIMING_TRIALS, opts.perf_trials)))
         own_per_call: list[int] = []
 
-        def args_for_trial(trial: int) -> list[Any]:
-            args = pool[(trial if trial >= 0 else -1 - trial) % len(pool)]  # warm-up visits every input set
-            if trial in checked:  # new values in the same memory: a cache keyed on pointers now answers wrong
-                fresh = self._inputs(secrets.randbits(31))
-                for old, new in zip(args, fresh):
-                    if isinstance(old, torch.Tensor):
-                        old.copy_(new)
-            _new_versions([a for a in args if isinstance(a, torch.Tensor)], rng)  # no cache key in _version either
-            return args
+        def fresh_args() -> list[Any]:
+            """New values from get_inputs under an unpredictable seed (dtypes and ranges, indices included, as the
+            task defines them), copied on the device into the same buffers: the pointers stay, the values never
+            repeat, so a memo keyed on pointers answers stale and one keyed on contents never hits."""
+            for old, new in zip(buffers, self._inputs(secrets.randbits(31))):
+                if isinstance(old, torch.Tensor):
+                    old.copy_(new)
+            _new_versions([a for a in buffers if isinstance(a, torch.Tensor)], rng)  # no cache key in _version
+            return buffers
 
         streams: set[int] = set()
 
@@ -336,8 +344,15 @@ class Evaluation:
             return out
 
         def verify(trial: int, ref_out: Any, cand_out: Any) -> None:
-            if trial in checked and not correctness.compare(ref_out, cand_out, trial, opts.atol, opts.rtol,
-                                                            opts.rel_error_bound).ok:
+            """After the trial's timed window: every timed call's outputs on a random sample of elements, a few
+            chosen calls' in full. A remembered answer differs almost everywhere from the one for new values."""
+            if trial in checked:
+                ok = correctness.compare(ref_out, cand_out, trial, opts.atol, opts.rtol, opts.rel_error_bound).ok
+            else:
+                ok = correctness.compare_sample(ref_out, cand_out, trial, opts.atol, opts.rtol, opts.rel_error_bound,
+                                                TIMED_SAMPLE_ELEMENTS, torch.Generator(device=self.device).manual_seed(
+                                                    rng.randrange(1 << 62))).ok
+            if not ok:
                 self.findings.add(
                     guards.OUTPUT_CACHING,
                     "a timed call returned a wrong answer for new input values: outputs must be computed on "
@@ -348,7 +363,7 @@ class Evaluation:
         with torch.no_grad(), self._candidate_running():
             self.recorder.take()
             ref_samples, cand_samples = timing.time_interleaved(
-                timer, self.ref_call, candidate, args_for_trial, opts.perf_trials, warmup, verify
+                timer, self.ref_call, candidate, fresh_args, opts.perf_trials, warmup, verify
             )
             self.recorder.take()
         self.state_guard.check(self.findings)
@@ -370,7 +385,7 @@ class Evaluation:
         speedup = result.reference.median_ms / result.candidate.median_ms
         interval = timing.speedup_interval(ref_samples.primary, cand_samples.primary, opts.seed)
         if self.device.type == "cuda":
-            self._check_timing_honesty(cand_samples, result, pool[0], streams - {timer.stream})
+            self._check_timing_honesty(cand_samples, result, fresh_args(), streams - {timer.stream})
         return result, speedup, interval
 
     def _check_timing_honesty(
@@ -469,6 +484,47 @@ class Evaluation:
             self.recorder.active = False
             self.tripwire.candidate_running = False
 
+    @contextmanager
+    def sharing_gpu(self) -> Iterator[None]:
+        """Work that may run beside other evaluations' correctness checks, never beside their timing."""
+        if self.gate is None:
+            yield
+            return
+        with self._gated(lambda: self.gate.exclusive(yield_to_compile=True) if self.alone else self.gate.shared()):
+            yield
+
+    @contextmanager
+    def owning_gpu(self) -> Iterator[None]:
+        """Timing and profiling: no other evaluation's kernels run meanwhile."""
+        if self.gate is None:
+            yield
+            return
+        with self._gated(self.gate.exclusive):
+            yield
+
+    @contextmanager
+    def _gated(self, hold: Callable[[], Any]) -> Iterator[None]:
+        with hold():
+            try:
+                yield
+            finally:  # memory this process cached is given back before others go on
+                if self.device.type == "cuda":
+                    torch.cuda.empty_cache()
+
+    def check_memory_share(self) -> None:
+        """Several evaluations check correctness at once: one whose trials need more than a share of the GPU's memory
+        (inputs, their copy and two outputs, from get_inputs on the meta device) runs its GPU phases alone (it still
+        lets the GPU go while its kernels compile)."""
+        if self.gate is None or self.device.type != "cuda":
+            return
+        try:
+            with torch.device("meta"):
+                values = self.get_inputs()
+            need = 4 * sum(v.numel() * v.element_size() for v in values if isinstance(v, torch.Tensor))
+        except Exception:  # sizes unknown without running it: do not risk another evaluation's memory
+            need = None
+        self.alone = need is None or need > torch.cuda.get_device_properties(self.device).total_memory * SHARE_OF_MEMORY
+
     def _seeded(self, seed: int, fn: Callable[[], Any]) -> Any:
         """Call `fn` with every RNG seeded and the evaluation's device as the default one: tensors a task makes
         without naming a device are born there (random inputs of gigabytes take seconds on the CPU)."""
@@ -484,12 +540,6 @@ class Evaluation:
         except BaseException as exc:
             raise Failure(Status.INVALID, "ReferenceError", f"get_inputs() failed: {exc}", self._tb(exc))
         return [v.to(self.device) if isinstance(v, torch.Tensor) else v for v in values]
-
-    def _input_pool(self) -> list[list[Any]]:
-        first = self._inputs(self.options.seed + 3000)
-        size = sum(v.numel() * v.element_size() for v in first if isinstance(v, torch.Tensor))
-        count = max(1, min(3, INPUT_POOL_BYTES[self.device.type] // max(size, 1)))
-        return [first] + [self._inputs(self.options.seed + 3001 + i) for i in range(count - 1)]
 
     def _sync(self) -> None:
         if self.device.type == "cuda":
@@ -522,21 +572,31 @@ class Evaluation:
 
 def evaluate(request: EvalRequest, workdir: Path, device: torch.device) -> EvalResult:
     """Run one evaluation and return its result; never raises for anything the candidate does."""
-    ev = Evaluation(request=request, workdir=workdir, device=device)
+    ev = Evaluation(request=request, workdir=workdir, device=device, gate=DeviceGate.for_workdir(workdir))
+    if ev.gate is not None and device.type == "cuda":
+        ev.gate.compile_outside(torch.cuda.synchronize)
     result = EvalResult(environment=environment(device))
     opts = request.options
     try:
-        _timed(result, "reference", ev.load_reference)
+        with ev.sharing_gpu():
+            _timed(result, "reference", ev.load_reference)
+        ev.check_memory_share()
         _timed(result, "load", ev.load_candidate)
-        _timed(result, "build", ev.build_candidate)
+        with ev.sharing_gpu():
+            _timed(result, "build", ev.build_candidate)
         result.correctness = _timed(result, "correctness", ev.check_correctness)
         result.phases_s["correctness_first_trial"] = round(ev.first_trial_s, 4)  # Triton compiles here
-        if opts.measure_performance:
-            result.timing, result.speedup, result.speedup_ci = _timed(result, "timing", ev.measure)
-        if opts.profile:
-            result.profile = _timed(result, "profile", ev.profile)
+        if opts.measure_performance or opts.profile:
+            waited = time.perf_counter()
+            with ev.owning_gpu():
+                result.phases_s["gpu_wait"] = round(time.perf_counter() - waited, 4)  # others' timing, checks
+                if opts.measure_performance:
+                    result.timing, result.speedup, result.speedup_ci = _timed(result, "timing", ev.measure)
+                if opts.profile:
+                    result.profile = _timed(result, "profile", ev.profile)
         if opts.check_hacks:
-            _timed(result, "ablation", ev.ablate)
+            with ev.sharing_gpu():
+                _timed(result, "ablation", ev.ablate)
         result.status = Status.CORRECT.value
     except Failure as failure:
         result.status = failure.status.value

@@ -1,9 +1,13 @@
 """Timing of reference and candidate, interleaved in one process on one device.
 
-On CUDA each call is timed with events on the current stream after an L2 flush, enqueued back to back; a few
-host-synchronized calls per side add the wall time until the device is idle, which exposes work hidden on other
-streams. The order of reference and candidate alternates between trials so that drift hits both alike. The
-speedup is the ratio of medians with a bootstrap confidence interval over trials.
+On CUDA each call is timed with events on the current stream after an L2 flush and a spin on the device that lasts
+longer than the host takes to enqueue the call: the start event fires only once the call's kernels are all queued,
+so Python launch overhead (large for Triton kernels, small for PyTorch's) never counts, for either side alike. Every
+timed call gets input values never seen before, written into the same buffers before the flush (outside the timed
+window), so no memo keyed on contents, pointers, versions, shapes or call counts can answer from memory; the outputs
+are checked after the window. A few host-synchronized calls per side add the wall time until the device is idle,
+which exposes work hidden on other streams. The order of reference and candidate alternates between trials so that
+drift hits both alike. The speedup is the ratio of medians with a bootstrap confidence interval over trials.
 """
 
 from __future__ import annotations
@@ -24,6 +28,9 @@ _perf_counter = time.perf_counter  # the harness's own references: a candidate p
 
 
 SYNCED_CALLS = 3  # host-synchronized calls per side, to compare events with wall time
+COVER_FACTOR = 3.0  # the device spin lasts this many times the slowest host enqueue seen in the warm-up
+COVER_MARGIN_MS = 0.05
+COVER_MAX_MS = 20.0  # a call whose host side takes longer than this has its host time counted, as it would in use
 
 
 @dataclass
@@ -31,6 +38,7 @@ class Samples:
     event_ms: list[float] = field(default_factory=list)  # CUDA: pipelined calls, GPU time between events
     wall_ms: list[float] = field(default_factory=list)  # CPU: wall time per call; CUDA: host-synchronized calls
     synced_event_ms: list[float] = field(default_factory=list)  # CUDA: events of the host-synchronized calls
+    host_ms: list[float] = field(default_factory=list)  # CUDA: host time to enqueue each timed call
     pending: list[tuple[Any, Any]] = field(default_factory=list, repr=False)
 
     @property
@@ -39,17 +47,37 @@ class Samples:
 
 
 class CallTimer:
-    """Times calls. On CUDA, timed calls are enqueued back to back, each after an L2 flush, like
-    `triton.testing.do_bench`: the host runs ahead, so launch latency stays out of the GPU time."""
+    """Times calls. On CUDA, each timed call is preceded on the device by an L2 flush and a spin (`cover_ms`) that
+    outlasts the host's enqueueing of the call, so the start event fires when the call's kernels are already
+    queued: the events see GPU time only, whether the device was idle or busy when the call began."""
 
     def __init__(self, device: torch.device) -> None:
         self.cuda = device.type == "cuda"
         self.stream = 0
+        self.cover_ms = 0.0
         if self.cuda:
             self._flush = torch.empty(L2_FLUSH_BYTES, dtype=torch.uint8, device=device)
             self._event = torch.cuda.Event
             self._sync = torch.cuda.synchronize
+            self._spin = torch.cuda._sleep
             self.stream = torch.cuda.current_stream().cuda_stream  # the stream the events time
+            self._cycles_per_ms = self._spin_rate()
+
+    def _spin_rate(self) -> float:
+        """Device clock cycles per millisecond of `torch.cuda._sleep`, measured (the clock varies by GPU)."""
+        cycles = 1 << 21
+        start, end = self._event(enable_timing=True), self._event(enable_timing=True)
+        self._spin(cycles)  # first launch loads the kernel
+        start.record()
+        self._spin(cycles)
+        end.record()
+        self._sync()
+        return cycles / max(start.elapsed_time(end), 1e-3)
+
+    def cover(self, host_ms: list[float]) -> None:
+        """Set the device spin from the host enqueue times of untimed calls of both sides."""
+        if host_ms:
+            self.cover_ms = min(COVER_MAX_MS, COVER_FACTOR * max(host_ms) + COVER_MARGIN_MS)
 
     def enqueue(self, fn: Callable[..., Any], args: list[Any], samples: Samples) -> Any:
         if not self.cuda:
@@ -59,10 +87,21 @@ class CallTimer:
             return out
         start, end = self._event(enable_timing=True), self._event(enable_timing=True)
         self._flush.zero_()
+        if self.cover_ms:
+            self._spin(int(self.cover_ms * self._cycles_per_ms))
+        host_start = _perf_counter()
         start.record()
         out = fn(*args)
         end.record()
+        samples.host_ms.append((_perf_counter() - host_start) * 1e3)
         samples.pending.append((start, end))
+        return out
+
+    def untimed(self, fn: Callable[..., Any], args: list[Any], host_ms: list[float]) -> Any:
+        """A warm-up call; on CUDA, its host enqueue time is recorded for `cover`."""
+        start = _perf_counter()
+        out = fn(*args)
+        host_ms.append((_perf_counter() - start) * 1e3)
         return out
 
     def collect(self, samples: Samples) -> None:
@@ -90,20 +129,24 @@ def time_interleaved(
     timer: CallTimer,
     reference: Callable[..., Any],
     candidate: Callable[..., Any],
-    args_for_trial: Callable[[int], list[Any]],
+    fresh_args: Callable[[], list[Any]],
     trials: int,
     warmup: int,
     on_outputs: Callable[[int, Any, Any], None] | None = None,
 ) -> tuple[Samples, Samples]:
-    """Time both sides `trials` times, alternating which goes first; `on_outputs(trial, ref_out, cand_out)` may
-    inspect chosen trials. On CUDA, a few host-synchronized calls per side follow."""
-    for i in range(warmup):
-        args = args_for_trial(-1 - i)
-        reference(*args)
-        candidate(*args)
+    """Time both sides `trials` times, alternating which goes first. `fresh_args()` is called before every call
+    pair (warm-up, timed and host-synchronized alike) and must give inputs with values never used before; both sides
+    of a trial see the same ones. `on_outputs(trial, ref_out, cand_out)` checks a trial's outputs after its timed
+    window. On CUDA, a few host-synchronized calls per side follow."""
+    host_ms: list[float] = []
+    for _ in range(warmup):
+        args = fresh_args()
+        timer.untimed(reference, args, host_ms)
+        timer.untimed(candidate, args, host_ms)
+    timer.cover(host_ms[2:] or host_ms)  # the first pair may still compile or autotune
     ref, cand = Samples(), Samples()
     for trial in range(trials):
-        args = args_for_trial(trial)
+        args = fresh_args()
         if trial % 2 == 0:
             ref_out = timer.enqueue(reference, args, ref)
             cand_out = timer.enqueue(candidate, args, cand)
@@ -116,8 +159,8 @@ def time_interleaved(
     timer.collect(ref)
     timer.collect(cand)
     if timer.cuda:
-        args = args_for_trial(0)
         for _ in range(SYNCED_CALLS):
+            args = fresh_args()
             timer.synced(reference, args, ref)
             timer.synced(candidate, args, cand)
     return ref, cand

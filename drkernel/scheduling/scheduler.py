@@ -1,7 +1,8 @@
 """The embedded scheduler: a queue in front of one worker process per GPU (or N CPU workers).
 
-One evaluation per GPU at a time keeps timings clean; each worker holds the next jobs, whose processes start while
-the first runs. A worker that dies (killed, crashed outside any evaluation) takes nothing with it: its jobs go
+Each worker holds the next jobs, whose processes start while the first runs; on a GPU three run at once, their
+loading, compilation and correctness checks overlapping, while the device gate gives each one's timing and profiling
+the GPU alone (timings stay clean; `overlap=1` runs one at a time). A worker that dies (killed, crashed outside any evaluation) takes nothing with it: its jobs go
 back to the front of the queue and run again, up to `max_attempts`. A candidate's own failure is a result, never
 retried. No server, no ports, no extra processes beyond the workers.
 """
@@ -25,7 +26,7 @@ from typing import IO, Callable, Iterable, Iterator, Protocol
 from drkernel.runner.sandbox import memory_share_mb
 from drkernel.schema import ErrorInfo, EvalRequest, EvalResult, Status
 
-JOBS_PER_WORKER = 3  # the running one and two being prepared (CUDA and profiler start-up take a few seconds)
+JOBS_PER_WORKER = 4  # the running ones (3 at once on a GPU) and one being prepared (CUDA start-up takes seconds)
 START_ALLOWANCE_S = 120.0  # beyond a job's own timeout: process start, CUDA initialisation, the job before it
 
 
@@ -86,9 +87,12 @@ class _Slot:
 
 
 class Scheduler:
-    def __init__(self, device: str = "auto", workers: int | None = None, max_attempts: int = 3) -> None:
+    def __init__(
+        self, device: str = "auto", workers: int | None = None, max_attempts: int = 3, overlap: int | None = None
+    ) -> None:
         self.device = resolve_device(device)
         self.max_attempts = max_attempts
+        self.overlap = overlap  # evaluations running at once per worker (drkernel.runner.sandbox.DeviceQueue)
         if self.device == "cuda":
             gpus = discover_gpus()
             slots = [_Slot(f"gpu{g}", "cuda", g) for g in gpus[: workers or len(gpus)]]
@@ -184,12 +188,14 @@ class Scheduler:
     # Worker management -------------------------------------------------------------------------------------
 
     def _start_worker(self, slot: _Slot) -> subprocess.Popen[bytes]:
-        # Two evaluation processes per worker may be alive at once: the machine's memory is shared among them all.
+        # JOBS_PER_WORKER evaluation processes per worker may be alive at once: the machine's memory is shared.
         cap = memory_share_mb(JOBS_PER_WORKER * len(self._slots))
         command = [sys.executable, "-m", "drkernel.scheduling.worker", "--device", slot.device,
                    "--memory-cap-mb", str(cap)]
         if slot.gpu is not None:
             command += ["--gpu", slot.gpu]
+        if self.overlap is not None:
+            command += ["--overlap", str(self.overlap)]
         log = open(os.path.join(self._log_dir, f"{slot.name}.log"), "ab")
         process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log)
         log.close()

@@ -55,10 +55,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     parser.add_argument("--gpu", default=None)
     parser.add_argument("--memory-cap-mb", type=int, default=None)
+    parser.add_argument("--overlap", type=int, default=None, help="evaluations running at once (default: 2 on a GPU)")
     args = parser.parse_args(argv)
     out = os.fdopen(os.dup(1), "w")
     os.dup2(2, 1)  # anything printed by libraries goes to stderr, never into the protocol
-    sandbox = Sandbox(device=args.device, gpu=args.gpu, memory_cap_mb=args.memory_cap_mb)
+    sandbox = Sandbox(device=args.device, gpu=args.gpu, memory_cap_mb=args.memory_cap_mb, overlap=args.overlap)
     try:
         run(sandbox, sys.stdin.buffer, out)
     finally:

@@ -1,0 +1,111 @@
+"""The per-GPU device gate: correctness checks of several evaluations may overlap, timing and profiling never do,
+and an evaluation waiting for the GPU is not timed out for it."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from drkernel.runner.sandbox import DeviceQueue, Sandbox
+from drkernel.sandbox.gate import WAITING_FILE, DeviceGate
+from drkernel.schema import Status
+
+from tests.test_scheduler import example
+
+
+def _gate(tmp_path: Path, name: str) -> DeviceGate:
+    workdir = tmp_path / name
+    workdir.mkdir()
+    return DeviceGate(tmp_path / "gate", workdir)
+
+
+def _try(hold, events: list[str], label: str) -> threading.Thread:
+    def run() -> None:
+        with hold():
+            events.append(label)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    return thread
+
+
+def test_shared_holders_overlap_and_exclude_an_exclusive_one(tmp_path: Path) -> None:
+    a, b, timer = _gate(tmp_path, "a"), _gate(tmp_path, "b"), _gate(tmp_path, "t")
+    events: list[str] = []
+    with a.shared():
+        with b.shared():  # a second correctness check at the same time: no wait
+            events.append("b shared")
+        writer = _try(timer.exclusive, events, "timing")
+        time.sleep(0.3)
+        assert events == ["b shared"] and (tmp_path / "t" / WAITING_FILE).exists()
+        late_reader = _try(b.shared, events, "b again")  # arrives after the waiting writer: waits for it
+        time.sleep(0.3)
+        assert events == ["b shared"]
+    writer.join(5)
+    late_reader.join(5)
+    assert events == ["b shared", "timing", "b again"]
+    assert not (tmp_path / "t" / WAITING_FILE).exists()
+
+
+def test_exclusive_holder_blocks_everyone(tmp_path: Path) -> None:
+    timer, other = _gate(tmp_path, "t"), _gate(tmp_path, "o")
+    events: list[str] = []
+    with timer.exclusive():
+        threads = [_try(other.shared, events, "shared"), _try(_gate(tmp_path, "x").exclusive, events, "exclusive")]
+        time.sleep(0.3)
+        assert events == []
+    for thread in threads:
+        thread.join(5)
+    assert sorted(events) == ["exclusive", "shared"]
+
+
+def test_shared_holder_lets_the_lock_go_while_triton_compiles(tmp_path: Path) -> None:
+    from triton import knobs
+
+    checker, timer = _gate(tmp_path, "c"), _gate(tmp_path, "t")
+    synced: list[int] = []
+    checker.compile_outside(lambda: synced.append(1))
+    events: list[str] = []
+    try:
+        with checker.shared():
+            assert knobs.runtime.jit_cache_hook(key="k") is None  # before a compilation: queued work waited for
+            assert synced == [1]
+            with timer.exclusive():  # another evaluation times while this one compiles
+                events.append("timing")
+                waiter = threading.Thread(target=knobs.runtime.jit_post_compile_hook, kwargs={"key": "k"})
+                waiter.start()  # the compilation ends: the kernel may launch only once the timing is over
+                time.sleep(0.3)
+                assert waiter.is_alive()
+            waiter.join(5)
+            events.append("launch")
+            blocked = _try(timer.exclusive, events, "timing again")
+            time.sleep(0.3)
+            assert events == ["timing", "launch"]  # the shared hold is back
+        blocked.join(5)
+        assert events == ["timing", "launch", "timing again"]
+    finally:
+        knobs.runtime.jit_cache_hook = knobs.runtime.jit_post_compile_hook = None
+
+
+@pytest.mark.slow
+def test_evaluation_waits_at_the_gate_without_timing_out(tmp_path: Path) -> None:
+    """Another evaluation holds the GPU shared (its correctness checks): this one's correctness runs meanwhile,
+    its timing waits; then one holds it exclusively (its timing) for longer than this one's whole time limit:
+    the wait is not counted against it."""
+    sandbox = Sandbox(device="cpu", root=tmp_path, overlap=2)
+    try:
+        request, expected = example("2_relu", "2_relu__triton", timeout_s=4, measure_performance=True,
+                                    perf_trials=2, warmup_trials=1)
+        other = DeviceGate(sandbox.gate, tmp_path)
+        with other.shared():
+            done = DeviceQueue(sandbox).submit(request)
+            time.sleep(6)  # longer than the time limit: the evaluation's correctness ran, its timing waits
+            assert not done.done()
+        result = done.result(60)
+        assert result.status == expected == Status.CORRECT.value
+        assert result.phases_s["correctness"] > 0 and result.phases_s["gpu_wait"] > 2
+    finally:
+        sandbox.close()
