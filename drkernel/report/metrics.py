@@ -32,16 +32,6 @@ OUTCOME_ORDER = (
 )
 
 
-def fast_at(speedups: Any, correct: Any, p: float) -> float:
-    """Fast@p over all samples; Fast@0 is the correct rate (older drkernel.rl.fast_p accepts only p > 0)."""
-    try:
-        return fast_p(speedups, correct, p)
-    except ValueError:
-        if p != 0:
-            raise
-        return torch.as_tensor(correct, dtype=torch.bool).double().mean().item()
-
-
 @dataclass
 class Trajectories:
     """A run's (non-empty) turns as [N, T] arrays, one row per (task, sample), sorted by (level, task, sample)."""
@@ -114,7 +104,7 @@ def level_stats(run: str, traj: Trajectories) -> list[LevelStats]:
         rows.append(LevelStats(
             run=run, level=name, tasks=len(per_task), trajectories=len(chosen),
             correct=sum(correct) / len(chosen),
-            fast={p: fast_at(speedups, correct, p) for p in FAST_P},
+            fast={p: fast_p(speedups, correct, p) for p in FAST_P},
             geomean_speedup=geometric_mean_speedup(speedups, correct),
             pass_at={k: pass_at_k(n, c, k).mean().item() for k in ks},
         ))
