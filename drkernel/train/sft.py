@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import statistics
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -25,6 +26,7 @@ from drkernel.train.policy import PolicyShape, build_policy
 POLICY_DIR = "policy"  # the random policy before SFT (tokenizer trained on the data)
 FINAL_DIR = "final"  # the SFT policy, in bf16, in shards of at most max_shard_size
 SUMMARY = "sft_summary.json"
+IGNORED = -100  # the label of a token without loss (the prompt's)
 
 
 @dataclass
@@ -107,23 +109,31 @@ def sft_config(config: SFTRunConfig) -> Any:
     )
 
 
-def run_sft(config: SFTRunConfig) -> dict[str, Any]:
-    """Build the policy (unless given), train it, save OUTPUT_DIR/final in bf16 shards and OUTPUT_DIR/sft_summary.json
-    (the loss per logged step, sizes, duration); return the summary."""
+def sft_trainer(config: SFTRunConfig, rows: list[dict[str, Any]], policy_path: str | Path) -> Any:
+    """TRL's SFTTrainer over the rows (tokenized on construction, labels IGNORED outside each final answer) with
+    the policy's weights in float32."""
     torch = require("torch", "train", "Cold-start SFT")
     transformers = require("transformers", "train", "Cold-start SFT")
     trl = require("trl", "train", "Cold-start SFT")
     datasets = require("datasets", "train", "Cold-start SFT")
+    tokenizer = transformers.AutoTokenizer.from_pretrained(policy_path)
+    model = transformers.AutoModelForCausalLM.from_pretrained(policy_path, dtype=torch.float32)
+    return trl.SFTTrainer(model=model, args=sft_config(config), train_dataset=datasets.Dataset.from_list(rows),
+                          processing_class=tokenizer)
+
+
+def run_sft(config: SFTRunConfig) -> dict[str, Any]:
+    """Build the policy (unless given), train it, save OUTPUT_DIR/final in bf16 shards and OUTPUT_DIR/sft_summary.json
+    (the loss per logged step, sizes, duration); return the summary."""
+    torch = require("torch", "train", "Cold-start SFT")
     out = Path(config.output_dir)
     if (out / FINAL_DIR).exists():
         raise FileExistsError(f"{out / FINAL_DIR} already exists; choose another output folder")
     rows = read_rows(config.data)
     started = time.perf_counter()
     policy_path = config.policy_path or str(build_policy(out / POLICY_DIR, policy_texts(rows), config.policy))
-    tokenizer = transformers.AutoTokenizer.from_pretrained(policy_path)
-    model = transformers.AutoModelForCausalLM.from_pretrained(policy_path, dtype=torch.float32)
-    trainer = trl.SFTTrainer(model=model, args=sft_config(config), train_dataset=datasets.Dataset.from_list(rows),
-                             processing_class=tokenizer)
+    trainer = sft_trainer(config, rows, policy_path)
+    tokenizer = trainer.processing_class
     trainer.train()
     final = out / FINAL_DIR
     trainer.model.to(torch.bfloat16).save_pretrained(final, max_shard_size=config.max_shard_size)
@@ -136,6 +146,9 @@ def run_sft(config: SFTRunConfig) -> dict[str, Any]:
         "steps": trainer.state.global_step,
         "loss": losses,
         "train_tokens": sum(len(ids) for ids in trainer.train_dataset["input_ids"]),
+        "longest_row_tokens": max(len(ids) for ids in trainer.train_dataset["input_ids"]),
+        "median_answer_tokens": statistics.median(
+            sum(label != IGNORED for label in labels) for labels in trainer.train_dataset["labels"]),
         "duration_s": round(time.perf_counter() - started, 1),
         "final": str(final),
         "largest_file_bytes": max(path.stat().st_size for path in final.iterdir()),
