@@ -102,6 +102,8 @@ def test_tiny_pipeline_on_the_cpu(tmp_path, capsys):
         assert config["model"] == str(root / "sft" / "final")
         (metrics,) = [json.loads(line) for line in (root / "rl" / name / "metrics.jsonl").read_text().splitlines()]
         assert metrics["step"] == 1 and len(metrics["turn_correct"]) == 2
+        assert len(metrics["validation"]["turn_fast_1_2"]) == 2
+        assert (root / "rl" / name / "validation" / "step_1" / "summary.json").exists()
         assert (root / "rl" / name / "final" / "config.json").exists()
 
     # bench on the test split for the four policies, STTS on the best, transfer, then the reports
