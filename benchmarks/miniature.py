@@ -66,8 +66,10 @@ class Profile:
     max_tokens: int
     stts_turns: int
     stts_context: str
+    stts_samples: int
     transfer_tasks: str
     transfer_args: tuple[str, ...]
+    transfer_samples: int
     eval_args: tuple[str, ...] = field(default=())
 
 
@@ -75,11 +77,11 @@ PROFILES = {
     "gpu": Profile(
         device="cuda", shape_scale=1.0, n_train=400, n_validation=8, n_test=16,
         sft_tasks=4000, sft_multi_turn_tasks=32,
-        sft_args=("--epochs", "3", "--bf16", "--per-device-train-batch-size", "16", "--max-length", "4096"),
-        rl_config="examples/mini/rl_gpu.yaml", bench_turns=3, bench_samples=2, max_tokens=1536,
-        stts_turns=8, stts_context="topk:4",
+        sft_args=("--epochs", "4", "--bf16", "--per-device-train-batch-size", "16", "--max-length", "4096"),
+        rl_config="examples/mini/rl_gpu.yaml", bench_turns=3, bench_samples=2, max_tokens=2048,
+        stts_turns=8, stts_context="topk:4", stts_samples=1,
         transfer_tasks="../shared/kernelbench/kernelbench_levels1-3.jsonl",  # a copy where the GPU machine has one
-        transfer_args=("--level", "1", "--problems", "19-32,36,38-40,47-49,53,88"),
+        transfer_args=("--level", "1", "--problems", "19-32,36,38-40,47-49,53,88"), transfer_samples=1,
         eval_args=("--trials", "3", "--perf-trials", "10"),
     ),
     "cpu": Profile(
@@ -88,8 +90,8 @@ PROFILES = {
                   "--num-heads", "4", "--num-kv-heads", "2", "--max-steps", "2", "--use-cpu",
                   "--per-device-train-batch-size", "4", "--logging-steps", "1"),
         rl_config="examples/mini/rl_cpu.yaml", bench_turns=2, bench_samples=1, max_tokens=24,
-        stts_turns=3, stts_context="topk:4",
-        transfer_tasks=str(REPO / "examples" / "tasks"), transfer_args=("--problems", "2"),
+        stts_turns=3, stts_context="topk:4", stts_samples=1,
+        transfer_tasks=str(REPO / "examples" / "tasks"), transfer_args=("--problems", "2"), transfer_samples=1,
         eval_args=("--trials", "1", "--no-perf"),
     ),
 }
@@ -159,21 +161,23 @@ class Pipeline:
             steps.append(Step(f"rl {name}", CLI, args))
         return steps
 
-    def _bench(self, name: str, policy: str, tasks: str, out: Path, turns: int, context: str,
+    def _bench(self, name: str, policy: str, tasks: str, out: Path, turns: int, context: str, samples: int,
                extra: tuple[str, ...] = ()) -> Step:
+        if not self.dry_run and not self.policy_path(policy).exists():
+            raise SystemExit(f"{name}: no policy at {self.policy_path(policy)}; finish the sft and rl stages first")
         args = ["bench", "--out", str(out)]
         if (out / "config.json").exists():
             args.append("--resume")  # asks only the turns still missing
         else:
             args += ["--tasks", tasks, *extra, "--model", f"hf:{self.policy_path(policy)}", "--device", self.p.device,
-                     "--workers", "1", "--turns", str(turns), "--samples", str(self.p.bench_samples),
+                     "--workers", "1", "--turns", str(turns), "--samples", str(samples),
                      "--context", context, "--max-tokens", str(self.p.max_tokens), "--temperature", "1.0",
                      "--top-p", "0.95", "--seed", "0", "--profiling-reward", *self.p.eval_args]
         return Step(name, CLI, args)
 
     def bench(self) -> list[Step]:
         return [self._bench(f"bench {name}", name, str(self.root / "test" / "tasks"), self.root / "bench" / name,
-                            self.p.bench_turns, "full") for name in POLICIES]
+                            self.p.bench_turns, "full", self.p.bench_samples) for name in POLICIES]
 
     def best_policy(self) -> str:
         """The policy with the highest test-split Fast@1.2 (best of history, then last turn); ties go to the later
@@ -191,11 +195,12 @@ class Pipeline:
     def stts(self) -> list[Step]:
         best = "BEST" if self.dry_run and not (self.root / "bench").exists() else self.best_policy()
         return [self._bench(f"stts {best}", best, str(self.root / "test" / "tasks"), self.root / "stts" / best,
-                            self.p.stts_turns, self.p.stts_context)]
+                            self.p.stts_turns, self.p.stts_context, self.p.stts_samples)]
 
     def transfer(self) -> list[Step]:
         return [self._bench(f"transfer {name}", name, self.p.transfer_tasks, self.root / "transfer" / name,
-                            self.p.bench_turns, "full", self.p.transfer_args) for name in POLICIES]
+                            self.p.bench_turns, "full", self.p.transfer_samples, self.p.transfer_args)
+                for name in POLICIES]
 
     def report(self) -> list[Step]:
         steps = []
@@ -289,12 +294,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--time-limit-s", type=float, default=None, help="stop the runs still going after this")
     parser.add_argument("--transfer-tasks", default=None, help="KernelBench tasks for `transfer` (the profile's "
                         "default: ../shared/kernelbench/kernelbench_levels1-3.jsonl on the GPU)")
+    parser.add_argument("--shape-scale", type=float, default=None, help="task shapes (the profile's default: 1 on "
+                        "the GPU); stage 0's calibration decides")
     parser.add_argument("--dry-run", action="store_true", help="print the command lines, run nothing")
     args = parser.parse_args(argv)
     stages = STAGES if "all" in args.stages else [s for s in STAGES if s in args.stages]
     profile = PROFILES[args.profile]
     if args.transfer_tasks:
         profile = dataclasses.replace(profile, transfer_tasks=args.transfer_tasks)
+    if args.shape_scale:
+        profile = dataclasses.replace(profile, shape_scale=args.shape_scale)
     pipeline = Pipeline(args.root.resolve(), profile, args.gpus, args.time_limit_s, args.dry_run)
     for stage in stages:
         pipeline.run(stage)
