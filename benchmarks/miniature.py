@@ -3,7 +3,8 @@
     python benchmarks/miniature.py STAGE... [--profile gpu|cpu] [--root runs/mini] [--gpus N] [--time-limit-s S]
 
 Stages, in order (`all` runs them all):
-  data      the train / validation / test splits (`drkernel synth`) and the SFT mix (drkernel.train.synthetic_sft)
+  splits    the train / validation / test splits (`drkernel synth`; seeded, seconds)
+  mix       the SFT mix (drkernel.train.synthetic_sft; its two-turn rows are judged by KernelGym)
   sft       the policy built here and its cold-start SFT (drkernel.train.sft) -> ROOT/sft/final
   rl        (b) GRPO, (c) TRLOO, (d) TRLOO + PR + PRS, same budget each (`drkernel train`) -> ROOT/rl/NAME
   bench     the SFT policy (a) and the three RL policies on the test split (`drkernel bench`) -> ROOT/bench/NAME
@@ -36,7 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-STAGES = ("data", "sft", "rl", "bench", "stts", "transfer", "report")
+STAGES = ("splits", "mix", "sft", "rl", "bench", "stts", "transfer", "report")
 CLI = "drkernel.cli.main"
 # (name, settings that differ): the ablations of stage 2, same budget each
 RL_RUNS = (
@@ -121,13 +122,17 @@ class Pipeline:
 
     # --- the stages' command lines -----------------------------------------------------------------------------
 
-    def data(self) -> list[Step]:
+    def splits(self) -> list[Step]:
         p, steps = self.p, []
         for split, n in (("train", p.n_train), ("validation", p.n_validation), ("test", p.n_test)):
             if not (self.root / split / "manifest.json").exists():
                 steps.append(Step(f"synth {split}", CLI, [
                     "synth", "--split", split, "--n", str(n), "--seed", "0", "--shape-scale", repr(p.shape_scale),
                     "--variants", "", "--out", str(self.root / split)]))
+        return steps
+
+    def mix(self) -> list[Step]:
+        p, steps = self.p, []
         if not (self.root / "sft_data" / "sft.jsonl").exists():
             steps.append(Step("sft mix", "drkernel.train.synthetic_sft", [
                 "--out", str(self.root / "sft_data"), "--n-tasks", str(p.sft_tasks),
