@@ -125,3 +125,15 @@ def test_tiny_pipeline_on_the_cpu(tmp_path, capsys):
     (root / "rl" / "grpo" / "final").rename(root / "rl" / "grpo" / "final.old")
     assert miniature.main(["rl", "--profile", "cpu", "--root", str(root), "--dry-run"]) == 0
     assert capsys.readouterr().out.rstrip().endswith("--set prs=false --resume")
+
+
+def test_rl_configs_load_and_keep_small_updates():
+    from drkernel.train.config import ConfigError, load_config
+
+    gpu = load_config(REPO / "examples" / "mini" / "rl_gpu.yaml", ["model=m", "validation_tasks=v", "bf16=false"])
+    assert (gpu.model_dtype, gpu.turns, gpu.max_new_tokens, gpu.save_steps) == ("float32", 3, 2048, 1)
+    assert gpu.grpo_config().generation_batch_size == 16  # 2 prompts x 8 samples, whole groups for TRL
+    cpu = load_config(REPO / "examples" / "mini" / "rl_cpu.yaml", ["model=m", "validation_tasks=v"])
+    assert cpu.grpo_config().generation_batch_size == 2
+    with pytest.raises(ConfigError, match="model_dtype must be auto, float32 or bfloat16, not 'float16'"):
+        load_config(REPO / "examples" / "mini" / "rl_cpu.yaml", ["model_dtype=float16"])
