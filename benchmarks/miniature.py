@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))  # drkernel from this checkout, also where it is not installed (the GPU machine)
 STAGES = ("splits", "mix", "sft", "rl", "bench", "stts", "transfer", "report")
 CLI = "drkernel.cli.main"
 # (name, settings that differ): the ablations of stage 2, same budget each
