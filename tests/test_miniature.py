@@ -82,6 +82,7 @@ def test_tiny_pipeline_on_the_cpu(tmp_path, capsys):
     # SFT: two steps, loss on the final answers only, a bf16 checkpoint in small files
     summary = json.loads((root / "sft" / "sft_summary.json").read_text())
     assert (summary["rows"], summary["steps"], len(summary["loss"])) == (9, 2, 2)
+    assert summary["train_loss"] == pytest.approx(sum(entry["loss"] for entry in summary["loss"]) / 2)
     assert summary["largest_file_bytes"] <= 15_000_000
     assert json.loads((root / "sft" / "final" / "config.json").read_text())["dtype"] == "bfloat16"
     from drkernel.train.sft import SFTRunConfig, sft_trainer

@@ -134,7 +134,7 @@ def run_sft(config: SFTRunConfig) -> dict[str, Any]:
     policy_path = config.policy_path or str(build_policy(out / POLICY_DIR, policy_texts(rows), config.policy))
     trainer = sft_trainer(config, rows, policy_path)
     tokenizer = trainer.processing_class
-    trainer.train()
+    outcome = trainer.train()
     final = out / FINAL_DIR
     trainer.model.to(torch.bfloat16).save_pretrained(final, max_shard_size=config.max_shard_size)
     tokenizer.save_pretrained(final)
@@ -145,6 +145,7 @@ def run_sft(config: SFTRunConfig) -> dict[str, Any]:
         "parameters": sum(p.numel() for p in trainer.model.parameters()),
         "steps": trainer.state.global_step,
         "loss": losses,
+        "train_loss": outcome.training_loss,  # the mean over all steps
         "train_tokens": sum(len(ids) for ids in trainer.train_dataset["input_ids"]),
         "longest_row_tokens": max(len(ids) for ids in trainer.train_dataset["input_ids"]),
         "median_answer_tokens": statistics.median(
