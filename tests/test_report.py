@@ -167,9 +167,8 @@ def test_outcome_table_counts_each_status_and_hack_reason(report: Path) -> None:
             got = {k: int(v) for k, v in row.items() if k not in ("run", "turn") and v and int(v)}
             assert got == dict(expected[int(row["turn"])])
     gpu = [r for r in rows if r["run"] == "bench_gpu"]
-    assert sum(int(r["format_error"]) for r in gpu) == 4
+    assert sum(int(r["format_error"]) for r in gpu) == 5
     assert sum(int(r["hacked: torch_fallback"]) for r in gpu) == 2
-    assert int(gpu[1]["generation_error"]) == 1
 
 
 def test_task_table_best_speedups_and_code_links(report: Path) -> None:

@@ -24,7 +24,6 @@ from drkernel.agent.parsing import extract_code
 from drkernel.agent.prompts import PromptTemplates, feedback_prompt, first_turn_prompt
 from drkernel.agent.records import (
     FORMAT_ERROR,
-    GENERATION_ERROR,
     GENERATION_ERRORS,
     GenerationErrorRecord,
     JsonlAppender,
@@ -83,8 +82,8 @@ async def run_loop(
 
         async def trajectory(task: Task, sample: int) -> None:
             history = list(earlier.get((task.key, sample), []))
-            if len(history) >= config.turns or (history and history[-1].status == GENERATION_ERROR):
-                return  # done, or ended by a failed model call that an older run recorded as a turn
+            if len(history) >= config.turns:
+                return
             async with gate:
                 first = first_turn_prompt(task.code, config.templates)
                 for turn in range(len(history) + 1, config.turns + 1):

@@ -23,9 +23,6 @@ CONFIG = "config.json"
 SUMMARY = "summary.json"
 
 FORMAT_ERROR = "format_error"  # the answer had no code block defining ModelNew
-# Runs made before generation_errors.jsonl recorded a failed model call as a turn of this status; such a turn ended
-# its trajectory for good (asking it again would record the turn twice).
-GENERATION_ERROR = "generation_error"
 
 
 Record = TypeVar("Record", bound="JsonRecord")
@@ -60,7 +57,7 @@ class TurnRecord(JsonRecord):
     context_turns: list[int]  # 1-based turns the prompt showed
     usage: dict[str, int] = field(default_factory=dict)  # prompt_tokens, completion_tokens
     timings: dict[str, float] = field(default_factory=dict)  # generation_s, evaluation_s
-    status: str = FORMAT_ERROR  # the result's status or format_error (generation_error in older runs)
+    status: str = FORMAT_ERROR  # the result's status, or format_error
 
     @property
     def correct(self) -> bool:

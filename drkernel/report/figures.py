@@ -18,7 +18,6 @@ DPI = 110
 OUTCOME_COLORS = {
     "correct": "#2ca02c", "incorrect": "#ff7f0e", "compile_error": "#8c564b", "runtime_error": "#bcbd22",
     "timeout": "#7f7f7f", "crashed": "#17becf", "invalid": "#c7c7c7", "format_error": "#1f77b4",
-    "generation_error": "#aec7e8",
 }
 HACKED_COLORS = ("#d62728", "#9467bd", "#e377c2", "#ff9896", "#c5b0d5", "#f7b6d2", "#8b0000", "#4b0082")
 

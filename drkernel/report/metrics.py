@@ -29,7 +29,6 @@ FAST_P = (0.0, 1.0, 1.2, 1.5, 2.0)  # the level table's thresholds
 CURVE_P = (1.0, 1.2)  # the per-turn curves' thresholds
 OUTCOME_ORDER = (
     "correct", "incorrect", "compile_error", "runtime_error", "timeout", "crashed", "invalid", "format_error",
-    "generation_error",
 )
 
 

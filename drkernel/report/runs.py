@@ -34,7 +34,7 @@ class Turn:
     level: int | None
     sample: int
     turn: int
-    status: str  # the result's status or "format_error" (older runs: "generation_error", a failed model call)
+    status: str  # the result's status, or "format_error"
     correct: bool
     speedup: float  # NaN when not measured
     coverage: float  # NaN when not measured meaningfully (no GPU)
