@@ -88,6 +88,9 @@ class TrainConfig:
     weight_decay: float = 0.0
     max_grad_norm: float = 1.0
     bf16: bool = False
+    # the weights' dtype while training: "auto" keeps the checkpoint's; "float32" keeps master weights in full
+    # precision under bf16 autocast, which a small model needs (bf16 weights round its small updates away)
+    model_dtype: str = "auto"
     gradient_checkpointing: bool = False
     use_cpu: bool = False
     seed: int = 0
@@ -119,6 +122,8 @@ class TrainConfig:
                     "prompt would not extend the previous turn's and the turns could not be trained as one sequence; "
                     f"use 'full' (or K >= {self.turns - 1})"
                 )
+        if self.model_dtype not in ("auto", "float32", "bfloat16"):
+            problems.append(f"model_dtype must be auto, float32 or bfloat16, not {self.model_dtype!r}")
         if self.vllm_mode not in ("colocate", "server"):
             problems.append(f"vllm_mode must be colocate or server, not {self.vllm_mode!r}")
         if not 0 <= self.prs_low < self.prs_high:

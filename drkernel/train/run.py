@@ -30,7 +30,7 @@ def load_policy(config: TrainConfig, tasks: list[Task]) -> tuple[Any, Any]:
         path = str(out)
     try:
         tokenizer = transformers.AutoTokenizer.from_pretrained(path)
-        model = transformers.AutoModelForCausalLM.from_pretrained(path)
+        model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=config.model_dtype)
     except (OSError, ValueError) as exc:
         raise ConfigError(f"model {config.model!r} does not load: {exc}") from exc
     if tokenizer.chat_template is None:

@@ -77,7 +77,8 @@ def validate(trainer: DrKernelTrainer, step: int) -> dict[str, Any]:
         )
     finally:
         trainer.model.train(was_training)
-    write_summary(Path(run_dir))
+    planned = [(task.key, sample) for task in trainer.validation_tasks for sample in range(config.validation_samples)]
+    write_summary(Path(run_dir), planned, config.turns)
     if trainer.bench is not None:
         write_json(Path(run_dir) / CONFIG, trainer.bench.to_dict())
     summary = summarize(outcome.records)

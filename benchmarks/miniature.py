@@ -1,0 +1,324 @@
+"""The miniature reproduction of Dr. Kernel, one command per stage (docs/experiments.md, "Plan of the runs").
+
+    python benchmarks/miniature.py STAGE... [--profile gpu|cpu] [--root runs/mini] [--gpus N] [--time-limit-s S]
+
+Stages, in order (`all` runs them all):
+  splits    the train / validation / test splits (`drkernel synth`; seeded, seconds)
+  mix       the SFT mix (drkernel.train.synthetic_sft; its two-turn rows are judged by KernelGym)
+  sft       the policy built here and its cold-start SFT (drkernel.train.sft) -> ROOT/sft/final
+  rl        (b) GRPO, (c) TRLOO, (d) TRLOO + PR + PRS, same budget each (`drkernel train`) -> ROOT/rl/NAME
+  bench     the SFT policy (a) and the three RL policies on the test split (`drkernel bench`) -> ROOT/bench/NAME
+  stts      the best policy of `bench` (test-split Fast@1.2, best of history) over more turns, topk context
+  transfer  every policy on the KernelBench level-1 problems of the same kinds -> ROOT/transfer/NAME
+  report    `drkernel report` over each stage's run folders -> ROOT/report/STAGE
+
+Every step is a `drkernel` (or `python -m drkernel...`) command line, printed before it runs; `--dry-run` only
+prints them. A stage skips what is already done and continues what a killed call left (`drkernel train --resume`
+from the last checkpoint, `drkernel bench --resume`), so a stage longer than one device call is the same command
+run again. With `--gpus N` (N >= 1) the independent runs of a stage (the RL runs, the policies benched) run as
+processes, N at a time, each alone on one GPU (CUDA_VISIBLE_DEVICES) with its own embedded evaluator; with
+`--gpus 0` they run one after another in this process (the CPU profile, the test suite). `--time-limit-s` stops
+the processes still running at that time (their checkpoints stay) and exits 3, to rerun later.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import importlib
+import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))  # drkernel from this checkout, also where it is not installed (the GPU machine)
+STAGES = ("splits", "mix", "sft", "rl", "bench", "stts", "transfer", "report")
+CLI = "drkernel.cli.main"
+# (name, settings that differ): the ablations of stage 2, same budget each
+RL_RUNS = (
+    ("grpo", ("advantage_estimator=grpo", "profiling_reward=false", "prs=false")),
+    ("trloo", ("advantage_estimator=trloo", "profiling_reward=false", "prs=false")),
+    ("recipe", ("advantage_estimator=trloo", "profiling_reward=true", "prs=true")),
+)
+POLICIES = ("sft",) + tuple(name for name, _ in RL_RUNS)
+INCOMPLETE = 3  # exit status: the time limit stopped runs that a rerun continues
+
+
+@dataclass(frozen=True)
+class Profile:
+    """Sizes of one version of the pipeline: `gpu` is the reproduction, `cpu` the tiny one the test suite runs."""
+
+    device: str
+    shape_scale: float
+    n_train: int
+    n_validation: int
+    n_test: int
+    sft_tasks: int
+    sft_multi_turn_tasks: int
+    sft_args: tuple[str, ...]
+    rl_config: str
+    bench_turns: int
+    bench_samples: int
+    max_tokens: int
+    stts_turns: int
+    stts_context: str
+    stts_samples: int
+    transfer_tasks: str
+    transfer_args: tuple[str, ...]
+    transfer_samples: int
+    eval_args: tuple[str, ...] = field(default=())
+
+
+PROFILES = {
+    "gpu": Profile(
+        device="cuda", shape_scale=1.0, n_train=400, n_validation=8, n_test=16,
+        sft_tasks=4000, sft_multi_turn_tasks=32,
+        sft_args=("--epochs", "4", "--bf16", "--per-device-train-batch-size", "16", "--max-length", "4096"),
+        rl_config="examples/mini/rl_gpu.yaml", bench_turns=3, bench_samples=2, max_tokens=2048,
+        stts_turns=8, stts_context="topk:4", stts_samples=1,
+        transfer_tasks="../shared/kernelbench/kernelbench_levels1-3.jsonl",  # a copy where the GPU machine has one
+        transfer_args=("--level", "1", "--problems", "19-32,36,38-40,47-49,53,88"), transfer_samples=1,
+        eval_args=("--trials", "3", "--perf-trials", "10"),
+    ),
+    "cpu": Profile(
+        device="cpu", shape_scale=1 / 256, n_train=2, n_validation=1, n_test=2, sft_tasks=8, sft_multi_turn_tasks=1,
+        sft_args=("--vocab-size", "512", "--hidden-size", "32", "--intermediate-size", "64", "--num-layers", "2",
+                  "--num-heads", "4", "--num-kv-heads", "2", "--max-steps", "2", "--use-cpu",
+                  "--per-device-train-batch-size", "4", "--logging-steps", "1"),
+        rl_config="examples/mini/rl_cpu.yaml", bench_turns=2, bench_samples=1, max_tokens=24,
+        stts_turns=3, stts_context="topk:4", stts_samples=1,
+        transfer_tasks=str(REPO / "examples" / "tasks"), transfer_args=("--problems", "2"), transfer_samples=1,
+        eval_args=("--trials", "1", "--no-perf"),
+    ),
+}
+
+
+@dataclass
+class Step:
+    """One command line: `python -m MODULE ARGS`, where MODULE is drkernel's CLI or a drkernel script module."""
+
+    name: str
+    module: str
+    args: list[str]
+
+    def argv(self) -> list[str]:
+        return [sys.executable, "-m", self.module, *self.args]
+
+    def shown(self) -> str:
+        head = "drkernel" if self.module == CLI else f"python -m {self.module}"
+        return f"{head} {shlex.join(self.args)}"
+
+
+class Pipeline:
+    def __init__(self, root: Path, profile: Profile, gpus: int, time_limit_s: float | None, dry_run: bool) -> None:
+        self.root, self.p, self.gpus, self.dry_run = root, profile, gpus, dry_run
+        self.deadline = time.monotonic() + time_limit_s if time_limit_s else None
+        self.incomplete: list[str] = []
+
+    # --- the stages' command lines -----------------------------------------------------------------------------
+
+    def splits(self) -> list[Step]:
+        p, steps = self.p, []
+        for split, n in (("train", p.n_train), ("validation", p.n_validation), ("test", p.n_test)):
+            if not (self.root / split / "manifest.json").exists():
+                steps.append(Step(f"synth {split}", CLI, [
+                    "synth", "--split", split, "--n", str(n), "--seed", "0", "--shape-scale", repr(p.shape_scale),
+                    "--variants", "", "--out", str(self.root / split)]))
+        return steps
+
+    def mix(self) -> list[Step]:
+        p, steps = self.p, []
+        if not (self.root / "sft_data" / "sft.jsonl").exists():
+            steps.append(Step("sft mix", "drkernel.train.synthetic_sft", [
+                "--out", str(self.root / "sft_data"), "--n-tasks", str(p.sft_tasks),
+                "--multi-turn-tasks", str(p.sft_multi_turn_tasks), "--seed", "0",
+                "--shape-scale", repr(p.shape_scale), "--device", p.device]))
+        return steps
+
+    def sft(self) -> list[Step]:
+        if (self.root / "sft" / "final").exists():
+            return []
+        return [Step("sft", "drkernel.train.sft", [
+            "--data", str(self.root / "sft_data" / "sft.jsonl"), "--out", str(self.root / "sft"), "--seed", "0",
+            *self.p.sft_args])]
+
+    def policy_path(self, name: str) -> Path:
+        return self.root / ("sft" if name == "sft" else f"rl/{name}") / "final"
+
+    def rl(self) -> list[Step]:
+        steps = []
+        for name, settings in RL_RUNS:
+            out = self.root / "rl" / name
+            if (out / "final").exists():
+                continue
+            args = ["train", "--config", str(REPO / self.p.rl_config), "--set", f"model={self.policy_path('sft')}",
+                    "--set", f"tasks={self.root / 'train' / 'tasks'}",
+                    "--set", f"validation_tasks={self.root / 'validation' / 'tasks'}", "--set", f"output_dir={out}"]
+            for setting in settings:
+                args += ["--set", setting]
+            if any(out.glob("checkpoint-*")):
+                args.append("--resume")
+            steps.append(Step(f"rl {name}", CLI, args))
+        return steps
+
+    def _bench(self, name: str, policy: str, tasks: str, out: Path, turns: int, context: str, samples: int,
+               extra: tuple[str, ...] = ()) -> Step:
+        if not self.dry_run and not self.policy_path(policy).exists():
+            raise SystemExit(f"{name}: no policy at {self.policy_path(policy)}; finish the sft and rl stages first")
+        args = ["bench", "--out", str(out)]
+        if (out / "config.json").exists():
+            args.append("--resume")  # asks only the turns still missing
+        else:
+            args += ["--tasks", tasks, *extra, "--model", f"hf:{self.policy_path(policy)}", "--device", self.p.device,
+                     "--workers", "1", "--turns", str(turns), "--samples", str(samples),
+                     "--context", context, "--max-tokens", str(self.p.max_tokens), "--temperature", "1.0",
+                     "--top-p", "0.95", "--seed", "0", "--profiling-reward", *self.p.eval_args]
+        return Step(name, CLI, args)
+
+    def bench(self) -> list[Step]:
+        return [self._bench(f"bench {name}", name, str(self.root / "test" / "tasks"), self.root / "bench" / name,
+                            self.p.bench_turns, "full", self.p.bench_samples) for name in POLICIES]
+
+    def best_policy(self) -> str:
+        """The policy with the highest test-split Fast@1.2 (best of history, then last turn); ties go to the later
+        one in (sft, grpo, trloo, recipe), the recipe last."""
+        scores = {}
+        for name in POLICIES:
+            path = self.root / "bench" / name / "summary.json"
+            if path.exists():
+                summary = json.loads(path.read_text())
+                scores[name] = (summary["best_of_history"]["fast_1_2"], summary["last_turn"]["fast_1_2"])
+        if not scores:
+            raise SystemExit("stts needs the bench stage's summaries first")
+        return max(reversed(POLICIES), key=lambda name: scores.get(name, (-1.0, -1.0)))
+
+    def stts(self) -> list[Step]:
+        best = "BEST" if self.dry_run and not (self.root / "bench").exists() else self.best_policy()
+        return [self._bench(f"stts {best}", best, str(self.root / "test" / "tasks"), self.root / "stts" / best,
+                            self.p.stts_turns, self.p.stts_context, self.p.stts_samples)]
+
+    def transfer(self) -> list[Step]:
+        return [self._bench(f"transfer {name}", name, self.p.transfer_tasks, self.root / "transfer" / name,
+                            self.p.bench_turns, "full", self.p.transfer_samples, self.p.transfer_args)
+                for name in POLICIES]
+
+    def report(self) -> list[Step]:
+        steps = []
+        for stage in ("rl", "bench", "stts", "transfer"):
+            runs = sorted(str(path) for path in (self.root / stage).glob("*") if path.is_dir())
+            if runs or self.dry_run:
+                paper = [] if stage == "transfer" else ["--no-paper"]  # the paper's numbers are KernelBench's
+                steps.append(Step(f"report {stage}", CLI, ["report", *(runs or [f"{self.root}/{stage}/*"]),
+                                                           "--out", str(self.root / "report" / stage), *paper]))
+        return steps
+
+    # --- running -------------------------------------------------------------------------------------------------
+
+    def run(self, stage: str) -> None:
+        steps = getattr(self, stage)()
+        if not steps:
+            print(f"[{stage}] done already", flush=True)
+        for step in steps:
+            print(f"[{stage}] {step.shown()}", flush=True)
+        if self.dry_run or not steps:
+            return
+        if self.gpus >= 1 and stage in ("rl", "bench", "transfer"):
+            self._run_parallel(steps)
+        else:
+            for step in steps:
+                self._run_in_process(step) if self.gpus == 0 else self._run_processes([step])
+
+    def _run_in_process(self, step: Step) -> None:
+        """The command in this process (no interpreter and import start-up per step: the CPU test runs them all)."""
+        started = time.perf_counter()
+        try:
+            if step.module == CLI:
+                from drkernel.cli.main import app
+
+                code = app(args=step.args, prog_name="drkernel", standalone_mode=False)
+            else:
+                code = importlib.import_module(step.module).main(step.args)
+        except SystemExit as exc:
+            code = exc.code
+        if code not in (None, 0):
+            raise SystemExit(f"{step.name} failed with exit status {code}: {step.shown()}")
+        print(f"[{step.name}] {time.perf_counter() - started:.1f} s", flush=True)
+
+    def _run_parallel(self, steps: list[Step]) -> None:
+        for start in range(0, len(steps), self.gpus):
+            self._run_processes(steps[start:start + self.gpus])
+
+    def _run_processes(self, steps: list[Step]) -> None:
+        """One process per step, step i on GPU i; logs in ROOT/logs/. At the deadline, the ones left are stopped."""
+        logs = self.root / "logs"
+        logs.mkdir(parents=True, exist_ok=True)
+        running = []
+        for gpu, step in enumerate(steps):
+            env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
+            if self.gpus >= 1:
+                env["CUDA_VISIBLE_DEVICES"] = str(gpu)
+            log = open(logs / f"{step.name.replace(' ', '_')}.log", "a")
+            running.append((step, subprocess.Popen(step.argv(), env=env, stdout=log, stderr=subprocess.STDOUT,
+                                                   cwd=REPO, start_new_session=True), log, time.perf_counter()))
+        failed = []
+        for step, process, log, started in running:
+            timeout = None if self.deadline is None else max(self.deadline - time.monotonic(), 0.0)
+            try:
+                code = process.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGTERM)
+                try:
+                    process.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    os.killpg(process.pid, signal.SIGKILL)
+                    process.wait()
+                self.incomplete.append(step.name)
+                code = None
+            log.close()
+            print(f"[{step.name}] {'stopped at the time limit' if code is None else f'exit {code}'} after "
+                  f"{time.perf_counter() - started:.1f} s (log: {logs / (step.name.replace(' ', '_') + '.log')})",
+                  flush=True)
+            if code not in (None, 0):
+                failed.append(step.name)
+        if failed:
+            raise SystemExit(f"failed: {', '.join(failed)}; see {logs}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    parser.add_argument("stages", nargs="+", choices=(*STAGES, "all"))
+    parser.add_argument("--profile", choices=sorted(PROFILES), default="gpu")
+    parser.add_argument("--root", type=Path, default=Path("runs/mini"))
+    parser.add_argument("--gpus", type=int, default=0, help="GPUs to spread a stage's runs over; 0: in this process")
+    parser.add_argument("--time-limit-s", type=float, default=None, help="stop the runs still going after this")
+    parser.add_argument("--transfer-tasks", default=None, help="KernelBench tasks for `transfer` (the profile's "
+                        "default: ../shared/kernelbench/kernelbench_levels1-3.jsonl on the GPU)")
+    parser.add_argument("--shape-scale", type=float, default=None, help="task shapes (the profile's default: 1 on "
+                        "the GPU); stage 0's calibration decides")
+    parser.add_argument("--dry-run", action="store_true", help="print the command lines, run nothing")
+    args = parser.parse_args(argv)
+    stages = STAGES if "all" in args.stages else [s for s in STAGES if s in args.stages]
+    profile = PROFILES[args.profile]
+    if args.transfer_tasks:
+        profile = dataclasses.replace(profile, transfer_tasks=args.transfer_tasks)
+    if args.shape_scale:
+        profile = dataclasses.replace(profile, shape_scale=args.shape_scale)
+    pipeline = Pipeline(args.root.resolve(), profile, args.gpus, args.time_limit_s, args.dry_run)
+    for stage in stages:
+        pipeline.run(stage)
+        if pipeline.incomplete:
+            print(f"stopped at the time limit: {', '.join(pipeline.incomplete)}; run the same command again to "
+                  "continue", flush=True)
+            return INCOMPLETE
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

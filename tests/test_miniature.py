@@ -1,0 +1,140 @@
+"""The miniature reproduction (benchmarks/miniature.py, drkernel.train.sft): its command lines, its process runner,
+and the whole pipeline shrunk for the CPU (data, SFT, the three RL runs, bench, STTS, transfer, report)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from drkernel.train.sft import read_rows
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _miniature():
+    spec = importlib.util.spec_from_file_location("miniature", REPO / "benchmarks" / "miniature.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["miniature"] = module  # its dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_sft_rows_are_prompt_and_final_answer(tmp_path):
+    data = tmp_path / "sft.jsonl"
+    turns = [{"role": "user", "content": "p"}, {"role": "assistant", "content": "wrong"},
+             {"role": "user", "content": "feedback"}, {"role": "assistant", "content": "right"}]
+    data.write_text(json.dumps({"messages": turns}) + "\n\n")
+    assert read_rows(data) == [{"prompt": turns[:3], "completion": turns[3:]}]
+    data.write_text(json.dumps({"messages": turns[:3]}) + "\n")
+    with pytest.raises(ValueError, match=f"{data}:1: a row must start with a user message and end with an assistant"):
+        read_rows(data)
+    data.write_text('{"text": "x"}\n')
+    with pytest.raises(ValueError, match=f"{data}:1: not a"):
+        read_rows(data)
+
+
+def test_gpu_commands_differ_only_in_the_ablation(tmp_path, capsys):
+    miniature = _miniature()
+    assert miniature.main(["rl", "transfer", "--root", str(tmp_path), "--dry-run"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    rl = [line for line in lines if line.startswith("[rl] drkernel train")]
+    common = f"--set model={tmp_path}/sft/final --set tasks={tmp_path}/train/tasks"
+    assert len(rl) == 3 and all(common in line and "examples/mini/rl_gpu.yaml" in line for line in rl)
+    assert [line.split(f"output_dir={tmp_path}/rl/")[1] for line in rl] == [
+        "grpo --set advantage_estimator=grpo --set profiling_reward=false --set prs=false",
+        "trloo --set advantage_estimator=trloo --set profiling_reward=false --set prs=false",
+        "recipe --set advantage_estimator=trloo --set profiling_reward=true --set prs=true",
+    ]
+    transfer = [line for line in lines if line.startswith("[transfer]")]
+    assert len(transfer) == 4
+    assert "--level 1 --problems 19-32,36,38-40,47-49,53,88 --model hf:" in transfer[0]
+    assert not (tmp_path / "rl").exists()  # a dry run writes nothing
+
+
+def test_time_limit_stops_the_processes_and_keeps_going_later(tmp_path):
+    miniature = _miniature()
+    pipeline = miniature.Pipeline(tmp_path, miniature.PROFILES["cpu"], gpus=2, time_limit_s=1.0, dry_run=False)
+    quick = miniature.Step("quick", "json.tool", ["--help"])
+    slow = miniature.Step("slow one", "timeit", ["-n", "1", "-r", "1", "import time; time.sleep(60)"])
+    pipeline._run_parallel([quick, slow])
+    assert pipeline.incomplete == ["slow one"]
+    assert (tmp_path / "logs" / "slow_one.log").exists() and "usage" in (tmp_path / "logs" / "quick.log").read_text()
+    failing = miniature.Step("failing", "json.tool", ["/nonexistent"])
+    pipeline.deadline = None
+    with pytest.raises(SystemExit, match=f"failed: failing; see {tmp_path / 'logs'}"):
+        pipeline._run_parallel([failing])
+
+
+@pytest.mark.slow
+def test_tiny_pipeline_on_the_cpu(tmp_path, capsys):
+    miniature = _miniature()
+    root = tmp_path / "mini"
+    assert miniature.main(["all", "--profile", "cpu", "--root", str(root)]) == 0
+
+    # data: the splits, the SFT mix with one two-turn row judged by the agent loop
+    mix = json.loads((root / "sft_data" / "mix.json").read_text())
+    assert (mix["single_turn"], mix["multi_turn_kept"], mix["rows"]) == ({"unfused": 4, "lazy": 3, "fused": 1}, 1, 9)
+
+    # SFT: two steps, loss on the final answers only, a bf16 checkpoint in small files
+    summary = json.loads((root / "sft" / "sft_summary.json").read_text())
+    assert (summary["rows"], summary["steps"], len(summary["loss"])) == (9, 2, 2)
+    assert summary["train_loss"] == pytest.approx(sum(entry["loss"] for entry in summary["loss"]) / 2)
+    assert summary["largest_file_bytes"] <= 15_000_000
+    assert json.loads((root / "sft" / "final" / "config.json").read_text())["dtype"] == "bfloat16"
+    from drkernel.train.sft import SFTRunConfig, sft_trainer
+
+    rows = read_rows(root / "sft_data" / "sft.jsonl")
+    trainer = sft_trainer(SFTRunConfig(str(root / "sft_data" / "sft.jsonl"), str(tmp_path / "again"), max_steps=1,
+                                       use_cpu=True), rows, root / "sft" / "policy")
+    tokenizer = trainer.processing_class
+    for row, tokenized in zip(rows, trainer.train_dataset):
+        answer = [t for t, label in zip(tokenized["input_ids"], tokenized["labels"]) if label != -100]
+        assert tokenizer.decode(answer) == row["completion"][0]["content"] + "<|im_end|>\n"
+    assert max(len(row["prompt"]) for row in rows) == 3  # the two-turn row: its wrong first answer is context
+
+    # RL: one step of each ablation, with the contract's metrics, from the SFT policy
+    for name, estimator, prs in (("grpo", "grpo", False), ("trloo", "trloo", False), ("recipe", "trloo", True)):
+        config = json.loads((root / "rl" / name / "train_config.json").read_text())
+        assert (config["advantage_estimator"], config["prs"], config["profiling_reward"]) == (estimator, prs, prs)
+        assert config["model"] == str(root / "sft" / "final")
+        (metrics,) = [json.loads(line) for line in (root / "rl" / name / "metrics.jsonl").read_text().splitlines()]
+        assert metrics["step"] == 1 and len(metrics["turn_correct"]) == 2
+        assert len(metrics["validation"]["turn_fast_1_2"]) == 2
+        assert (root / "rl" / name / "validation" / "step_1" / "summary.json").exists()
+        assert (root / "rl" / name / "final" / "config.json").exists()
+
+    # bench on the test split for the four policies, STTS on the best, transfer, then the reports
+    for stage, names, turns in (("bench", miniature.POLICIES, 2), ("stts", ("recipe",), 3),
+                                ("transfer", miniature.POLICIES, 2)):
+        for name in names:
+            bench = json.loads((root / stage / name / "config.json").read_text())
+            assert bench["turns"] == turns and bench["context"] == ("topk:4" if stage == "stts" else "full")
+            records = [json.loads(line) for line in (root / stage / name / "trajectories.jsonl").read_text().splitlines()]
+            tasks = {"2_relu"} if stage == "transfer" else {path.stem for path in (root / "test" / "tasks").glob("*.py")}
+            assert sorted((r["task"], r["turn"]) for r in records) == sorted((t, k + 1) for t in tasks for k in range(turns))
+    for stage in ("rl", "bench", "stts", "transfer"):
+        assert (root / "report" / stage / "report.html").stat().st_size > 0
+
+    # a second call finds everything done; a run without its final model resumes from its checkpoint
+    capsys.readouterr()
+    assert miniature.main(["sft", "rl", "--profile", "cpu", "--root", str(root)]) == 0
+    assert capsys.readouterr().out.splitlines() == ["[sft] done already", "[rl] done already"]
+    (root / "rl" / "grpo" / "final").rename(root / "rl" / "grpo" / "final.old")
+    assert miniature.main(["rl", "--profile", "cpu", "--root", str(root), "--dry-run"]) == 0
+    assert capsys.readouterr().out.rstrip().endswith("--set prs=false --resume")
+
+
+def test_rl_configs_load_and_keep_small_updates():
+    from drkernel.train.config import ConfigError, load_config
+
+    gpu = load_config(REPO / "examples" / "mini" / "rl_gpu.yaml", ["model=m", "validation_tasks=v", "bf16=false"])
+    assert (gpu.model_dtype, gpu.turns, gpu.max_new_tokens, gpu.save_steps) == ("float32", 3, 2048, 1)
+    assert gpu.grpo_config().generation_batch_size == 16  # 2 prompts x 8 samples, whole groups for TRL
+    cpu = load_config(REPO / "examples" / "mini" / "rl_cpu.yaml", ["model=m", "validation_tasks=v"])
+    assert cpu.grpo_config().generation_batch_size == 2
+    with pytest.raises(ConfigError, match="model_dtype must be auto, float32 or bfloat16, not 'float16'"):
+        load_config(REPO / "examples" / "mini" / "rl_cpu.yaml", ["model_dtype=float16"])
