@@ -570,9 +570,12 @@ class Evaluation:
         return text if len(text) <= TRACEBACK_CHARS else "...\n" + text[-TRACEBACK_CHARS:]
 
 
-def evaluate(request: EvalRequest, workdir: Path, device: torch.device) -> EvalResult:
-    """Run one evaluation and return its result; never raises for anything the candidate does."""
-    ev = Evaluation(request=request, workdir=workdir, device=device, gate=DeviceGate.for_workdir(workdir))
+def evaluate(
+    request: EvalRequest, workdir: Path, device: torch.device, gate: DeviceGate | None = None
+) -> EvalResult:
+    """Run one evaluation and return its result; never raises for anything the candidate does. `gate` is the
+    device's, opened before confinement; None when the evaluation has its device to itself."""
+    ev = Evaluation(request=request, workdir=workdir, device=device, gate=gate)
     if ev.gate is not None and device.type == "cuda":
         ev.gate.compile_outside(torch.cuda.synchronize)
     result = EvalResult(environment=environment(device))

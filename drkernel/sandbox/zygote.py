@@ -31,6 +31,7 @@ import torch.profiler  # noqa: F401  (imported once here, not in every evaluatio
 import triton.testing  # noqa: F401
 
 from drkernel.sandbox import confine, isolate, pipeline, procfs
+from drkernel.sandbox.gate import DeviceGate
 from drkernel.schema import EvalRequest, EvalResult, Status
 
 GO_POLL_S = 0.002
@@ -93,6 +94,7 @@ def child_main(job: dict[str, Any], parent_pid: int, inherited_fds: list[int], p
             pipeline.warm_up(device)
         except Exception as exc:
             raise isolate.blame_address_space("CUDA" if not cpu else "the evaluation", exc) from exc
+        gate = DeviceGate.for_workdir(Path(workdir))  # its lock files lie outside what confinement leaves readable
         started = time.perf_counter()
         confinement = confine.confine(workdir, job["triton_cache"], private_proc)
         confinement["pid_namespace"] = "private, own /proc" if private_proc else job["pid_namespace"]
@@ -102,7 +104,7 @@ def child_main(job: dict[str, Any], parent_pid: int, inherited_fds: list[int], p
         Path("started").touch()  # from here on, a death of the fork server is this evaluation's doing
         start_latency = time.time() - float(Path("go").read_text() or "nan")
         request = EvalRequest.from_dict(json.loads(Path("request.json").read_text()))
-        result = pipeline.evaluate(request, Path(workdir), device)
+        result = pipeline.evaluate(request, Path(workdir), device, gate)
         result.phases_s["start_latency"] = round(start_latency, 4)  # from the start signal to the pipeline
         result.phases_s["confine"] = round(confine_s, 4)  # before the start signal, overlapped with others' runs
         if result.environment is not None:
