@@ -4,7 +4,8 @@
 - `unfused`: one kernel per op, each a pass over memory, as eager PyTorch does (about 1x);
 - `lazy`: PyTorch computes the chain and a Triton kernel only copies the (N,) vector it uses: correct, but on a
   GPU almost none of the time is in the candidate's own kernels, so the evaluator's coverage check calls it lazy;
-- `wrong_mask` (the last column, or the last k of a matmul, masked off), `wrong_op` (the last elementwise op
+- `wrong_mask` (the last quarter of the columns, or the last k of a matmul, masked off: one column is not
+  enough, a mean or a max over thousands of columns hardly notices it), `wrong_op` (the last elementwise op
   replaced by another) and, where the chain normalises, `wrong_norm` (the division by the statistic dropped):
   the fused kernel with one bug each, all incorrect.
 
@@ -60,7 +61,7 @@ def solution_source(synthetic: SyntheticTask, variant: str) -> str:
         return _unfused(structure)
     if variant == "wrong_op":
         return _fused(_with_wrong_op(structure))
-    return _fused(structure, off_by_one=variant == "wrong_mask", drop_norm=variant == "wrong_norm")
+    return _fused(structure, short_mask=variant == "wrong_mask", drop_norm=variant == "wrong_norm")
 
 
 def _with_wrong_op(structure: Structure) -> Structure:
@@ -100,7 +101,7 @@ def _uses_vec(ops: tuple[str, ...]) -> bool:
     return any("vec" in ELEMENTWISE_OPS[op][1] for op in ops if op in ELEMENTWISE_OPS)
 
 
-def _row_kernel(name: str, ops: tuple[str, ...], off_by_one: bool = False, drop_norm: bool = False) -> str:
+def _row_kernel(name: str, ops: tuple[str, ...], short_mask: bool = False, drop_norm: bool = False) -> str:
     """A kernel with one program per row of a contiguous (rows, n_cols) matrix applying `ops` in registers; the
     output is a row too, or one value per row after a reduction."""
     uses_vec = _uses_vec(ops)
@@ -113,7 +114,7 @@ def _row_kernel(name: str, ops: tuple[str, ...], off_by_one: bool = False, drop_
         f"def {name}(x_ptr, {'vec_ptr, ' if uses_vec else ''}out_ptr, n_cols, BLOCK_N: tl.constexpr):",
         "    row = tl.program_id(axis=0)",
         "    cols = tl.arange(0, BLOCK_N)",
-        f"    mask = cols < {'n_cols - 1' if off_by_one else 'n_cols'}",
+        f"    mask = cols < {'n_cols - n_cols // 4' if short_mask else 'n_cols'}",
         "    v = tl.load(x_ptr + row * n_cols + cols, mask=mask, other=0.0)",
         *(["    vec = tl.load(vec_ptr + cols, mask=mask, other=0.0)"] if uses_vec else []),
         *(f"    {line}" for line in body),
@@ -122,10 +123,10 @@ def _row_kernel(name: str, ops: tuple[str, ...], off_by_one: bool = False, drop_
     return "\n".join(lines) + "\n"
 
 
-def _matmul_kernel(name: str, epilogue: tuple[str, ...], off_by_one: bool = False) -> str:
+def _matmul_kernel(name: str, epilogue: tuple[str, ...], short_mask: bool = False) -> str:
     """A tiled matmul of contiguous a (M, K) and w (K, N) whose epilogue ops run on the tile before its store."""
     uses_vec = _uses_vec(epilogue)
-    k_limit = "K - 1" if off_by_one else "K"
+    k_limit = "K - 1" if short_mask else "K"
     lines = [
         "@triton.jit",
         f"def {name}(a_ptr, w_ptr, {'vec_ptr, ' if uses_vec else ''}out_ptr, M, N, K,",
@@ -197,11 +198,11 @@ def _module(kernels: list[str], structure: Structure, body: list[str]) -> str:
     return "\n\n".join([header] + kernels + [classes])
 
 
-def _fused(structure: Structure, off_by_one: bool = False, drop_norm: bool = False) -> str:
+def _fused(structure: Structure, short_mask: bool = False, drop_norm: bool = False) -> str:
     if structure.kind == "matmul":
-        kernel = _matmul_kernel("fused_kernel", structure.epilogue, off_by_one)
+        kernel = _matmul_kernel("fused_kernel", structure.epilogue, short_mask)
         return _module([kernel], structure, _matmul_launch("fused_kernel", structure.epilogue) + ["v = out"])
-    kernel = _row_kernel("fused_kernel", structure.steps, off_by_one, drop_norm)
+    kernel = _row_kernel("fused_kernel", structure.steps, short_mask, drop_norm)
     body = ["v = x", *_ROW_SETUP, *_row_launch("fused_kernel", structure.steps, "x", "out"), "v = out"]
     return _module([kernel], structure, body)
 
