@@ -26,7 +26,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from drkernel.scheduling.scheduler import JOBS_PER_WORKER, Scheduler, discover_gpus  # noqa: E402
+from drkernel.runner.devices import discover_gpus  # noqa: E402
+from drkernel.scheduling.scheduler import JOBS_PER_WORKER, Scheduler  # noqa: E402
 from drkernel.schema import EvalOptions, EvalRequest, EvalResult  # noqa: E402
 from drkernel.tasks import load_candidates, load_jsonl, load_task_dir, pair_candidates  # noqa: E402
 

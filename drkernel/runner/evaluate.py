@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from drkernel.runner.devices import discover_gpus, resolve_device
 from drkernel.runner.sandbox import Sandbox
 from drkernel.schema import EvalOptions, EvalRequest, EvalResult
 
@@ -13,8 +14,6 @@ def evaluate(reference: str, candidate: str, options: EvalOptions | None = None,
 
     For many evaluations use `drkernel.scheduling.scheduler.Scheduler`, which keeps workers warm.
     """
-    from drkernel.scheduling.scheduler import discover_gpus, resolve_device
-
     options = EvalOptions.from_dict({**(options or EvalOptions()).to_dict(), **overrides})
     device = resolve_device(options.device)
     sandbox = Sandbox(device=device, gpu=discover_gpus()[0] if device == "cuda" else None)

@@ -23,36 +23,12 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import IO, Callable, Iterable, Iterator, Protocol
 
+from drkernel.runner.devices import discover_gpus, resolve_device
 from drkernel.runner.sandbox import memory_share_mb
 from drkernel.schema import ErrorInfo, EvalRequest, EvalResult, Status
 
 JOBS_PER_WORKER = 4  # the running ones (3 at once on a GPU) and one being prepared (CUDA start-up takes seconds)
 START_ALLOWANCE_S = 120.0  # beyond a job's own timeout: process start, CUDA initialisation, the job before it
-
-
-def discover_gpus() -> list[str]:
-    """GPUs this machine offers, found without initialising CUDA in this process."""
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if visible is not None:
-        return [d.strip() for d in visible.split(",") if d.strip() and d.strip() != "-1"]
-    try:
-        out = subprocess.run(
-            ["nvidia-smi", "--query-gpu=index", "--format=csv,noheader"],
-            capture_output=True, text=True, timeout=30, check=True,
-        ).stdout
-    except (OSError, subprocess.SubprocessError):
-        return []
-    return [line.strip() for line in out.splitlines() if line.strip()]
-
-
-def resolve_device(device: str) -> str:
-    if device not in ("auto", "cpu", "cuda"):
-        raise ValueError(f"device must be auto, cpu or cuda, not {device!r}")
-    if device == "auto":
-        return "cuda" if discover_gpus() else "cpu"
-    if device == "cuda" and not discover_gpus():
-        raise RuntimeError("--device cuda was asked for, but no GPU is visible (nvidia-smi finds none)")
-    return device
 
 
 class Backend(Protocol):
