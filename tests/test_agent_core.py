@@ -160,3 +160,16 @@ def test_records_round_trip_and_survive_a_cut_write(tmp_path):
     with pytest.raises(ValueError, match="trajectories.jsonl:2: not a turn record"):
         read_trajectories(tmp_path)
     assert read_trajectories(tmp_path / "absent") == []
+
+
+def test_retry_after_header_values():
+    from email.utils import format_datetime
+    from datetime import datetime, timedelta, timezone
+
+    from drkernel.agent.backends import MAX_RETRY_AFTER_S, _retry_after
+
+    assert _retry_after(None) == 0.0 and _retry_after("  ") == 0.0
+    assert _retry_after("2.5") == 2.5 and _retry_after("-3") == 0.0
+    assert _retry_after("100000") == MAX_RETRY_AFTER_S
+    assert 5 < _retry_after(format_datetime(datetime.now(timezone.utc) + timedelta(seconds=10), usegmt=True)) <= 10
+    assert _retry_after("not a date, nor a number") == 0.0  # a malformed header waits the backoff, never raises

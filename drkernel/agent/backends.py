@@ -157,14 +157,17 @@ class OpenAIChatModel:
 
 
 def _retry_after(value: str | None) -> float:
-    """Seconds asked for by a Retry-After header (a number or an HTTP date), capped; 0 when absent."""
-    if not value:
+    """Seconds asked for by a Retry-After header (a number or an HTTP date), capped; 0 when absent or unreadable
+    (a malformed header from a gateway must not end the run)."""
+    if not value or not value.strip():
         return 0.0
     try:
         seconds = float(value)
     except ValueError:
-        parsed = email.utils.parsedate_to_datetime(value) if value.strip() else None
-        seconds = parsed.timestamp() - time.time() if parsed else 0.0
+        try:
+            seconds = email.utils.parsedate_to_datetime(value).timestamp() - time.time()
+        except (TypeError, ValueError, OverflowError):
+            return 0.0
     return min(max(seconds, 0.0), MAX_RETRY_AFTER_S)
 
 
