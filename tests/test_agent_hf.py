@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from drkernel.agent.backends import HFChatModel, SamplingParams
+from drkernel.agent.backends import GenerationError, HFChatModel, SamplingParams
 from drkernel.agent.records import read_trajectories
 from drkernel.cli.main import app
 
@@ -58,3 +58,67 @@ def test_hf_backend_generates_and_runs_the_loop(tmp_path):
     records = read_trajectories(tmp_path / "run")
     assert [(r.turn, r.status, r.context_turns) for r in records] == [(1, "format_error", []), (2, "format_error", [1])]
     assert all(0 < r.usage["completion_tokens"] <= 6 for r in records)
+
+
+@pytest.fixture(scope="module")
+def model_path(tmp_path_factory):
+    path = tmp_path_factory.mktemp("hf") / "model"
+    tiny_model(path)
+    return str(path)
+
+
+PROMPTS = ["write a triton kernel", "class ModelNew", "write a triton kernel for the relu of a tensor x in python"]
+GREEDY = SamplingParams(max_tokens=8, temperature=0.0)
+
+
+def count_generate_calls(model: HFChatModel) -> list[int]:
+    calls, generate = [], model.model.generate
+
+    def counted(input_ids, **kwargs):
+        calls.append(input_ids.shape[0])
+        return generate(input_ids, **kwargs)
+
+    model.model.generate = counted
+    return calls
+
+
+async def ask_together(model: HFChatModel, prompts: list[str], params: SamplingParams, seed=None):
+    return await asyncio.gather(*(model.complete([{"role": "user", "content": p}], params, seed=seed)
+                                  for p in prompts), return_exceptions=True)
+
+
+def test_concurrent_requests_share_one_generate_call_and_match_lone_answers(model_path):
+    model = HFChatModel(model_path, max_batch=len(PROMPTS), batch_wait_s=0.0)
+    alone = [asyncio.run(ask_together(model, [prompt], GREEDY))[0] for prompt in PROMPTS]
+    calls = count_generate_calls(model)
+    model.batch_wait_s = 2.0  # the batch is full, hence taken, as soon as the three requests are queued
+    together = asyncio.run(ask_together(model, PROMPTS, GREEDY, seed=5))  # greedy: the seed changes nothing
+    assert calls == [3]  # one left-padded batch
+    assert together == alone  # padding changes neither the text nor the per-row usage
+    assert [c.usage["prompt_tokens"] for c in together] == [7, 5, 16]
+    assert all(1 <= c.usage["completion_tokens"] <= 8 for c in together)
+
+
+def test_seeded_sampling_goes_alone_and_repeats(model_path):
+    model = HFChatModel(model_path, max_batch=2, batch_wait_s=2.0)
+    sampled = SamplingParams(max_tokens=8, temperature=1.0)
+    calls = count_generate_calls(model)
+    first = asyncio.run(ask_together(model, PROMPTS[:2], sampled, seed=11))
+    assert calls == [1, 1]  # taken together, yet a seeded sampled request is generated alone
+    model.batch_wait_s = 0.0
+    assert asyncio.run(ask_together(model, PROMPTS[:1], sampled, seed=11))[0] == first[0]
+
+
+def test_a_failing_generate_reaches_every_waiting_request(model_path):
+    model = HFChatModel(model_path, max_batch=len(PROMPTS), batch_wait_s=2.0)
+
+    def out_of_memory(*args, **kwargs):
+        raise RuntimeError("CUDA out of memory")
+
+    model.model.generate = out_of_memory
+    answers = asyncio.run(ask_together(model, PROMPTS, GREEDY))
+    assert [type(a) for a in answers] == [GenerationError] * 3
+    assert {str(a) for a in answers} == {"local generation failed: RuntimeError: CUDA out of memory"}
+    asyncio.run(model.close())
+    with pytest.raises(GenerationError, match="the local model was closed"):
+        asyncio.run(model.complete([{"role": "user", "content": "x"}], GREEDY))

@@ -9,8 +9,10 @@ run with a message naming the cause, instead of recording a failed turn for ever
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import email.utils
 import os
+import queue
 import random
 import threading
 import time
@@ -171,50 +173,128 @@ def _retry_after(value: str | None) -> float:
     return min(max(seconds, 0.0), MAX_RETRY_AFTER_S)
 
 
-class HFChatModel:
-    """A local transformers model (`--model hf:PATH`), for small models and tests.
+@dataclass
+class _HFRequest:
+    messages: list[dict[str, str]]
+    params: SamplingParams
+    seed: int | None
+    future: concurrent.futures.Future
 
-    Generation runs in a worker thread, one call at a time (a model is not safe to drive from several threads),
-    so the event loop keeps feeding the evaluator meanwhile. The chat template is the tokenizer's.
+
+class HFChatModel:
+    """A local transformers model (`--model hf:PATH`), for small models, tests and the miniature reproduction.
+
+    Concurrent trajectories would leave the accelerator idle if each request were generated alone, so requests are
+    queued and one worker thread (a model is not safe to drive from several threads) takes up to `max_batch` of them,
+    waiting at most `batch_wait_s` for more, and answers each group that shares its sampling settings with ONE
+    left-padded `generate` call; the event loop keeps feeding the evaluator meanwhile. The chat template is the
+    tokenizer's. Seeds: a greedy request needs none, so it is batched and its seed ignored; a sampled request with a
+    seed is generated alone right after `torch.manual_seed(seed)`, so a rerun repeats it whatever else is in flight;
+    sampled requests without a seed share one random stream per batch.
     """
 
-    def __init__(self, path: str, device: str = "cpu") -> None:
+    def __init__(self, path: str, device: str = "cpu", max_batch: int = 32, batch_wait_s: float = 0.005) -> None:
         if path.startswith(("/", ".", "~")) and not os.path.isdir(os.path.expanduser(path)):
             raise ValueError(f"hf:{path}: no such folder (expected a model saved with save_pretrained)")
         path = os.path.expanduser(path)
         transformers = require("transformers", "train", "running a local Hugging Face model")
-        self.tokenizer = transformers.AutoTokenizer.from_pretrained(path)
+        self.tokenizer = transformers.AutoTokenizer.from_pretrained(path, padding_side="left")
         if self.tokenizer.chat_template is None:
             raise ValueError(f"the tokenizer at {path} has no chat template")
+        if self.tokenizer.pad_token is None:
+            self.tokenizer.pad_token = self.tokenizer.eos_token
         self.model = transformers.AutoModelForCausalLM.from_pretrained(path).to(device).eval()
+        eos = self.model.generation_config.eos_token_id
+        eos = self.tokenizer.eos_token_id if eos is None else eos
+        self._eos_ids = set(eos if isinstance(eos, list) else [eos])
         self.device = device
-        self._lock = threading.Lock()
+        self.max_batch = max_batch
+        self.batch_wait_s = batch_wait_s
+        self._queue: queue.Queue[_HFRequest | None] = queue.Queue()
+        self._closed = False
+        threading.Thread(target=self._serve, name="hf-generate", daemon=True).start()
 
     async def complete(
         self, messages: list[dict[str, str]], params: SamplingParams, seed: int | None = None, tag: str = ""
     ) -> Completion:
-        return await asyncio.to_thread(self._generate, messages, params, seed)
+        if self._closed:
+            raise GenerationError("the local model was closed")
+        request = _HFRequest(messages, params, seed, concurrent.futures.Future())
+        self._queue.put(request)
+        return await asyncio.wrap_future(request.future)
 
-    def _generate(self, messages: list[dict[str, str]], params: SamplingParams, seed: int | None) -> Completion:
+    def _serve(self) -> None:
+        while (first := self._queue.get()) is not None:
+            pending = [first]
+            deadline = time.monotonic() + self.batch_wait_s
+            while len(pending) < self.max_batch:
+                try:
+                    request = self._queue.get(timeout=max(0.0, deadline - time.monotonic()))
+                except queue.Empty:
+                    break
+                if request is None:  # closing: answer what was taken, then stop
+                    self._queue.put(None)
+                    break
+                pending.append(request)
+            groups: dict[tuple, list[_HFRequest]] = {}
+            for request in pending:
+                if request.future.set_running_or_notify_cancel():
+                    groups.setdefault(self._group_key(request), []).append(request)
+            for group in groups.values():
+                self._answer(group)
+
+    @staticmethod
+    def _group_key(request: _HFRequest) -> tuple:
+        """Requests batched together need the same generate settings; a seeded sampled request goes alone."""
+        params = request.params
+        if params.temperature <= 0:
+            return ("greedy", params.max_tokens)
+        if request.seed is not None:
+            return ("seeded", id(request))
+        return ("sampled", params.temperature, params.top_p, params.max_tokens)
+
+    def _answer(self, batch: list[_HFRequest]) -> None:
+        try:
+            completions = self._generate(batch)
+        except Exception as exc:  # noqa: BLE001 - every waiting trajectory records the cause as its turn's error
+            error = GenerationError(f"local generation failed: {type(exc).__name__}: {exc}")
+            for request in batch:
+                request.future.set_exception(error)
+            return
+        for request, completion in zip(batch, completions):
+            request.future.set_result(completion)
+
+    def _generate(self, batch: list[_HFRequest]) -> list[Completion]:
         import torch
 
-        ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt",
-                                                 return_dict=True)["input_ids"].to(self.device)
+        params = batch[0].params
+        inputs = self.tokenizer.apply_chat_template(
+            [request.messages for request in batch], add_generation_prompt=True, padding=True, return_tensors="pt",
+            return_dict=True,
+        ).to(self.device)
         sampling = params.temperature > 0
-        with self._lock, torch.no_grad():
-            if seed is not None:
-                torch.manual_seed(seed)
+        with torch.no_grad():
+            if sampling and batch[0].seed is not None:
+                torch.manual_seed(batch[0].seed)
             output = self.model.generate(
-                ids, attention_mask=torch.ones_like(ids), max_new_tokens=params.max_tokens, do_sample=sampling,
-                temperature=params.temperature if sampling else None, top_p=params.top_p if sampling else None,
-                pad_token_id=self.tokenizer.pad_token_id or self.tokenizer.eos_token_id,
+                inputs["input_ids"], attention_mask=inputs["attention_mask"], max_new_tokens=params.max_tokens,
+                do_sample=sampling, temperature=params.temperature if sampling else None,
+                top_p=params.top_p if sampling else None, pad_token_id=self.tokenizer.pad_token_id,
             )
-        new = output[0, ids.shape[1]:]
-        text = self.tokenizer.decode(new, skip_special_tokens=True)
-        for stop in params.stop:
-            text = text.split(stop, 1)[0]
-        return Completion(text, {"prompt_tokens": int(ids.shape[1]), "completion_tokens": int(new.shape[0])},
-                          "length" if new.shape[0] >= params.max_tokens else "stop")
+        completions = []
+        for request, row, mask in zip(batch, output[:, inputs["input_ids"].shape[1]:].tolist(),
+                                      inputs["attention_mask"]):
+            # a row that ended early is padded up to the longest one: it ends at its own first EOS
+            length = next((i + 1 for i, token in enumerate(row) if token in self._eos_ids), len(row))
+            text = self.tokenizer.decode(row[:length], skip_special_tokens=True)
+            for stop in request.params.stop:
+                text = text.split(stop, 1)[0]
+            completions.append(Completion(
+                text, {"prompt_tokens": int(mask.sum()), "completion_tokens": length},
+                "length" if length >= params.max_tokens else "stop",
+            ))
+        return completions
 
     async def close(self) -> None:
-        return None
+        self._closed = True
+        self._queue.put(None)
