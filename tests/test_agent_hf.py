@@ -35,6 +35,8 @@ def tiny_model(path: Path) -> None:
                                       num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=2,
                                       max_position_embeddings=4096, eos_token_id=fast.eos_token_id,
                                       pad_token_id=fast.pad_token_id)
+    torch = pytest.importorskip("torch")
+    torch.manual_seed(0)  # the same random model, hence the same answers, every run
     transformers.AutoModelForCausalLM.from_config(config).save_pretrained(path)
 
 
@@ -97,6 +99,17 @@ def test_concurrent_requests_share_one_generate_call_and_match_lone_answers(mode
     assert together == alone  # padding changes neither the text nor the per-row usage
     assert [c.usage["prompt_tokens"] for c in together] == [7, 5, 16]
     assert all(1 <= c.usage["completion_tokens"] <= 8 for c in together)
+
+    # rows that end at different steps: the second word the first prompt is answered with becomes an EOS too
+    word_id = model.tokenizer.convert_tokens_to_ids(alone[0].text.split()[1])
+    model.model.generation_config.eos_token_id = [model.tokenizer.eos_token_id, word_id]
+    model.batch_wait_s = 0.0
+    alone = [asyncio.run(ask_together(model, [prompt], GREEDY))[0] for prompt in PROMPTS]
+    model.batch_wait_s = 2.0
+    assert alone[0].usage["completion_tokens"] <= 2 and alone[0].finish_reason == "stop"
+    together = asyncio.run(ask_together(model, PROMPTS, GREEDY))
+    assert together == alone
+    assert len({c.usage["completion_tokens"] for c in together}) > 1  # some rows stopped before others
 
 
 def test_seeded_sampling_goes_alone_and_repeats(model_path):

@@ -204,9 +204,6 @@ class HFChatModel:
         if self.tokenizer.pad_token is None:
             self.tokenizer.pad_token = self.tokenizer.eos_token
         self.model = transformers.AutoModelForCausalLM.from_pretrained(path).to(device).eval()
-        eos = self.model.generation_config.eos_token_id
-        eos = self.tokenizer.eos_token_id if eos is None else eos
-        self._eos_ids = set(eos if isinstance(eos, list) else [eos])
         self.device = device
         self.max_batch = max_batch
         self.batch_wait_s = batch_wait_s
@@ -281,11 +278,13 @@ class HFChatModel:
                 do_sample=sampling, temperature=params.temperature if sampling else None,
                 top_p=params.top_p if sampling else None, pad_token_id=self.tokenizer.pad_token_id,
             )
+        eos = self.model.generation_config.eos_token_id
+        eos = set(eos if isinstance(eos, list) else [self.tokenizer.eos_token_id if eos is None else eos])
         completions = []
         for request, row, mask in zip(batch, output[:, inputs["input_ids"].shape[1]:].tolist(),
                                       inputs["attention_mask"]):
             # a row that ended early is padded up to the longest one: it ends at its own first EOS
-            length = next((i + 1 for i, token in enumerate(row) if token in self._eos_ids), len(row))
+            length = next((i + 1 for i, token in enumerate(row) if token in eos), len(row))
             text = self.tokenizer.decode(row[:length], skip_special_tokens=True)
             for stop in request.params.stop:
                 text = text.split(stop, 1)[0]
