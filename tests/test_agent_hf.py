@@ -84,9 +84,10 @@ def count_generate_calls(model: HFChatModel) -> list[int]:
     return calls
 
 
-async def ask_together(model: HFChatModel, prompts: list[str], params: SamplingParams, seed=None):
+async def ask_together(model: HFChatModel, prompts: list[str], params: SamplingParams, seeds=None):
+    seeds = seeds or [None] * len(prompts)
     return await asyncio.gather(*(model.complete([{"role": "user", "content": p}], params, seed=seed)
-                                  for p in prompts), return_exceptions=True)
+                                  for p, seed in zip(prompts, seeds)), return_exceptions=True)
 
 
 def test_concurrent_requests_share_one_generate_call_and_match_lone_answers(model_path):
@@ -94,7 +95,7 @@ def test_concurrent_requests_share_one_generate_call_and_match_lone_answers(mode
     alone = [asyncio.run(ask_together(model, [prompt], GREEDY))[0] for prompt in PROMPTS]
     calls = count_generate_calls(model)
     model.batch_wait_s = 2.0  # the batch is full, hence taken, as soon as the three requests are queued
-    together = asyncio.run(ask_together(model, PROMPTS, GREEDY, seed=5))  # greedy: the seed changes nothing
+    together = asyncio.run(ask_together(model, PROMPTS, GREEDY, seeds=[5, 6, 7]))  # greedy: the seed changes nothing
     assert calls == [3]  # one left-padded batch
     assert together == alone  # padding changes neither the text nor the per-row usage
     assert [c.usage["prompt_tokens"] for c in together] == [7, 5, 16]
@@ -112,14 +113,16 @@ def test_concurrent_requests_share_one_generate_call_and_match_lone_answers(mode
     assert len({c.usage["completion_tokens"] for c in together}) > 1  # some rows stopped before others
 
 
-def test_seeded_sampling_goes_alone_and_repeats(model_path):
-    model = HFChatModel(model_path, max_batch=2, batch_wait_s=2.0)
-    sampled = SamplingParams(max_tokens=8, temperature=1.0)
+def test_seeded_sampled_requests_share_a_batch_and_repeat_their_lone_answers(model_path):
+    model = HFChatModel(model_path, max_batch=3, batch_wait_s=0.0)
+    sampled = SamplingParams(max_tokens=8, temperature=1.0, top_p=0.95)
+    prompts, seeds = [PROMPTS[0], PROMPTS[0], PROMPTS[2]], [11, 12, 13]
+    alone = [asyncio.run(ask_together(model, [p], sampled, seeds=[seed]))[0] for p, seed in zip(prompts, seeds)]
     calls = count_generate_calls(model)
-    first = asyncio.run(ask_together(model, PROMPTS[:2], sampled, seed=11))
-    assert calls == [1, 1]  # taken together, yet a seeded sampled request is generated alone
-    model.batch_wait_s = 0.0
-    assert asyncio.run(ask_together(model, PROMPTS[:1], sampled, seed=11))[0] == first[0]
+    model.batch_wait_s = 2.0
+    assert asyncio.run(ask_together(model, prompts, sampled, seeds=seeds)) == alone
+    assert calls == [3]  # one batch, yet each row samples from its own seed
+    assert alone[0].text != alone[1].text  # another seed, another sample
 
 
 def test_a_failing_generate_reaches_every_waiting_request(model_path):

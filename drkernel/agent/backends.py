@@ -173,6 +173,24 @@ def _retry_after(value: str | None) -> float:
     return min(max(seconds, 0.0), MAX_RETRY_AFTER_S)
 
 
+class _RowSampler:
+    """Gumbel-max sampling with one random stream per row: the argmax of log-probabilities minus log(E), E drawn
+    from Exp(1), is a sample of the distribution, so greedy decoding over these scores samples each row from its
+    own seed alone, whatever else shares the batch."""
+
+    def __init__(self, seeds: list[int], device: str) -> None:
+        import torch
+
+        self.generators = [torch.Generator(device).manual_seed(seed) for seed in seeds]
+
+    def __call__(self, input_ids: Any, scores: Any) -> Any:
+        import torch
+
+        exponential = torch.stack([torch.empty_like(scores[0]).exponential_(generator=generator)
+                                   for generator in self.generators])
+        return scores - exponential.clamp_min(torch.finfo(scores.dtype).tiny).log()
+
+
 @dataclass
 class _HFRequest:
     messages: list[dict[str, str]]
@@ -188,9 +206,9 @@ class HFChatModel:
     queued and one worker thread (a model is not safe to drive from several threads) takes up to `max_batch` of them,
     waiting at most `batch_wait_s` for more, and answers each group that shares its sampling settings with ONE
     left-padded `generate` call; the event loop keeps feeding the evaluator meanwhile. The chat template is the
-    tokenizer's. Seeds: a greedy request needs none, so it is batched and its seed ignored; a sampled request with a
-    seed is generated alone right after `torch.manual_seed(seed)`, so a rerun repeats it whatever else is in flight;
-    sampled requests without a seed share one random stream per batch.
+    tokenizer's. Sampling is temperature then top_p (no top_k), drawn by `_RowSampler` from each row's own random
+    stream, seeded with the request's seed (a random one when it has none): a seeded request samples the same tokens
+    whatever else shares its batch, so a rerun repeats it. A greedy request ignores its seed.
     """
 
     def __init__(self, path: str, device: str = "cpu", max_batch: int = 32, batch_wait_s: float = 0.005) -> None:
@@ -233,22 +251,15 @@ class HFChatModel:
                     self._queue.put(None)
                     break
                 pending.append(request)
-            groups: dict[tuple, list[_HFRequest]] = {}
+            groups: dict[tuple[float, float, int], list[_HFRequest]] = {}
             for request in pending:
                 if request.future.set_running_or_notify_cancel():
-                    groups.setdefault(self._group_key(request), []).append(request)
+                    params = request.params
+                    key = (max(params.temperature, 0.0), params.top_p if params.temperature > 0 else 1.0,
+                           params.max_tokens)
+                    groups.setdefault(key, []).append(request)
             for group in groups.values():
                 self._answer(group)
-
-    @staticmethod
-    def _group_key(request: _HFRequest) -> tuple:
-        """Requests batched together need the same generate settings; a seeded sampled request goes alone."""
-        params = request.params
-        if params.temperature <= 0:
-            return ("greedy", params.max_tokens)
-        if request.seed is not None:
-            return ("seeded", id(request))
-        return ("sampled", params.temperature, params.top_p, params.max_tokens)
 
     def _answer(self, batch: list[_HFRequest]) -> None:
         try:
@@ -263,20 +274,22 @@ class HFChatModel:
 
     def _generate(self, batch: list[_HFRequest]) -> list[Completion]:
         import torch
+        from transformers import TemperatureLogitsWarper, TopPLogitsWarper
 
         params = batch[0].params
         inputs = self.tokenizer.apply_chat_template(
             [request.messages for request in batch], add_generation_prompt=True, padding=True, return_tensors="pt",
             return_dict=True,
         ).to(self.device)
-        sampling = params.temperature > 0
+        processors = []
+        if params.temperature > 0:
+            seeds = [random.getrandbits(63) if request.seed is None else request.seed for request in batch]
+            processors = [TemperatureLogitsWarper(params.temperature), TopPLogitsWarper(params.top_p),
+                          _RowSampler(seeds, self.device)]
         with torch.no_grad():
-            if sampling and batch[0].seed is not None:
-                torch.manual_seed(batch[0].seed)
             output = self.model.generate(
                 inputs["input_ids"], attention_mask=inputs["attention_mask"], max_new_tokens=params.max_tokens,
-                do_sample=sampling, temperature=params.temperature if sampling else None,
-                top_p=params.top_p if sampling else None, pad_token_id=self.tokenizer.pad_token_id,
+                do_sample=False, logits_processor=processors, pad_token_id=self.tokenizer.pad_token_id,
             )
         eos = self.model.generation_config.eos_token_id
         eos = set(eos if isinstance(eos, list) else [self.tokenizer.eos_token_id if eos is None else eos])
