@@ -215,7 +215,9 @@ async def run_bench(
     return outcome, read_json(run_dir / SUMMARY)
 
 
-def write_summary(run_dir: Path, planned: list[tuple[str, int]], turns: int) -> None:
+def write_summary(run_dir: Path, planned: list[tuple[str, int]], turns: int) -> dict[str, Any]:
+    """Summarise the run's records into RUN_DIR/summary.json; returns what it wrote."""
     records = read_trajectories(run_dir)
-    write_json(run_dir / SUMMARY,
-               {**summarize(records), **completeness(records, read_generation_errors(run_dir), planned, turns)})
+    summary = {**summarize(records), **completeness(records, read_generation_errors(run_dir), planned, turns)}
+    write_json(run_dir / SUMMARY, summary)
+    return summary

@@ -15,7 +15,6 @@ from drkernel.agent.backends import Completion, SamplingParams
 from drkernel.agent.bench import write_summary
 from drkernel.agent.loop import LoopConfig, run_loop
 from drkernel.agent.records import CONFIG, write_json
-from drkernel.agent.summary import summarize
 from drkernel.train.rollout import GenerateFn
 
 if TYPE_CHECKING:
@@ -72,16 +71,15 @@ def validate(trainer: DrKernelTrainer, step: int) -> dict[str, Any]:
     was_training = trainer.model.training
     trainer.model.eval()
     try:
-        outcome = trainer.rollout.loop.run_until_complete(
+        trainer.rollout.loop.run_until_complete(
             run_loop(trainer.validation_tasks, model, trainer.evaluator, loop, run_dir)
         )
     finally:
         trainer.model.train(was_training)
     planned = [(task.key, sample) for task in trainer.validation_tasks for sample in range(config.validation_samples)]
-    write_summary(Path(run_dir), planned, config.turns)
+    summary = write_summary(Path(run_dir), planned, config.turns)
     if trainer.bench is not None:
         write_json(Path(run_dir) / CONFIG, trainer.bench.to_dict())
-    summary = summarize(outcome.records)
     return {
         "correct": summary["last_turn"]["correct"],
         "fast_1": summary["last_turn"]["fast_1"],
