@@ -91,21 +91,34 @@ def read_generation_errors(run_dir: str | Path) -> list[GenerationErrorRecord]:
     return _read_rows(Path(run_dir) / GENERATION_ERRORS, GenerationErrorRecord, "a generation error record")
 
 
-def _read_rows(path: Path, kind: type[Record], what: str) -> list[Record]:
-    if not path.exists():
-        return []
+def read_jsonl_lines(path: Path, what: str = "JSON") -> tuple[list[tuple[int, Any]], int | None]:
+    """(1-based line number, value) of each non-empty line of a file that a run appends to, and the number of a
+    partial last line that was skipped (a write cut short by a kill, or still under way), else None. Any other line
+    that is not JSON is a ValueError naming the file, the line and `what` it should have been."""
     lines = path.read_text().split("\n")
     rows = []
     for number, line in enumerate(lines, 1):
         if not line.strip():
             continue
         try:
-            rows.append(kind.from_dict(json.loads(line)))
-        except (json.JSONDecodeError, TypeError) as exc:
+            rows.append((number, json.loads(line)))
+        except json.JSONDecodeError as exc:
             if number == len(lines):  # written without its newline: the write was cut short
-                break
+                return rows, number
             raise ValueError(f"{path}:{number}: not {what}: {exc}") from exc
-    return rows
+    return rows, None
+
+
+def _read_rows(path: Path, kind: type[Record], what: str) -> list[Record]:
+    if not path.exists():
+        return []
+    records = []
+    for number, row in read_jsonl_lines(path, what)[0]:
+        try:
+            records.append(kind.from_dict(row))
+        except (TypeError, AttributeError) as exc:  # JSON, but not an object with the record's fields
+            raise ValueError(f"{path}:{number}: not {what}: {exc}") from exc
+    return records
 
 
 class JsonlAppender:

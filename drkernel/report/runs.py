@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-TRAJECTORIES = "trajectories.jsonl"
-GENERATION_ERRORS = "generation_errors.jsonl"  # model calls that failed for good: turns missing, not recorded
+from drkernel.agent.records import GENERATION_ERRORS, TRAJECTORIES, read_jsonl_lines
+
 METRICS = "metrics.jsonl"
 REQUIRED_FIELDS = ("task", "level", "sample", "turn", "status", "result", "reward", "code")
 
@@ -134,24 +134,16 @@ def _missing_turns_note(folder: Path, recorded: set[tuple[str, int, int]]) -> li
 def read_jsonl(path: Path) -> tuple[list[tuple[int, dict[str, Any]]], list[str]]:
     """(1-based line number, object) of each non-empty line, and notes; a partial last line is skipped."""
     try:
-        text = path.read_text()
+        rows, partial = read_jsonl_lines(path)
     except (OSError, UnicodeDecodeError) as exc:
         raise RunReadError(f"cannot read {path}: {exc}") from exc
-    lines = text.split("\n")
-    rows, notes = [], []
-    for number, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as exc:
-            if number == len(lines):  # no newline after it: still being written
-                notes.append(f"{path.name}: skipped the partial last line {number} (the run is still being written)")
-                continue
-            raise RunReadError(f"{path}:{number}: not JSON: {exc}") from exc
+    except ValueError as exc:  # a line other than the last is not JSON
+        raise RunReadError(str(exc)) from exc
+    for number, row in rows:
         if not isinstance(row, dict):
             raise RunReadError(f"{path}:{number}: expected a JSON object, not {type(row).__name__}")
-        rows.append((number, row))
+    notes = [] if partial is None else [
+        f"{path.name}: skipped the partial last line {partial} (the run is still being written)"]
     return rows, notes
 
 
