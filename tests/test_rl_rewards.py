@@ -109,3 +109,15 @@ def test_bad_arguments():
         reward({"speedup": 2.0})
     with pytest.raises(TypeError):
         reward(1.5)
+
+
+def test_measured_coverage_reads_profiles_and_dicts_alike():
+    from drkernel.rl import measured_coverage
+    from drkernel.schema import Profile
+
+    assert measured_coverage(None) is None
+    assert measured_coverage({"coverage": 0.4, "meaningful": False}) is None  # CPU: launch counts only
+    assert measured_coverage({"coverage": float("nan"), "meaningful": True}) is None
+    assert measured_coverage({"coverage": 0.4, "meaningful": True}) == 0.4
+    assert measured_coverage(Profile(coverage=0.25, meaningful=True)) == 0.25
+    assert measured_coverage(Profile(coverage=1.5, meaningful=True)) == 1.0

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from drkernel.agent.records import GENERATION_ERRORS, TRAJECTORIES, read_jsonl_lines
+from drkernel.rl import measured_coverage
 
 METRICS = "metrics.jsonl"
 REQUIRED_FIELDS = ("task", "level", "sample", "turn", "status", "result", "reward", "code")
@@ -185,8 +186,7 @@ def _turn(row: dict[str, Any], path: Path, line: int) -> Turn:
     if result is not None and not isinstance(result, dict):
         raise bad("result", "an EvalResult object or null")
     result = result or {}
-    profile = result.get("profile") or {}
-    coverage = profile.get("coverage") if profile.get("meaningful") else None
+    coverage = measured_coverage(result.get("profile"))
     return Turn(
         task=row["task"],
         level=row["level"],

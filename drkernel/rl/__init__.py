@@ -19,7 +19,7 @@ from drkernel.rl.rejection import (
     sequence_importance_weights,
     truncated_importance_weights,
 )
-from drkernel.rl.rewards import RewardConfig, reward, rewards
+from drkernel.rl.rewards import RewardConfig, measured_coverage, reward, rewards
 
 __all__ = [
     "RewardConfig",
@@ -28,6 +28,7 @@ __all__ = [
     "fast_p_last_turn",
     "fast_p_per_turn",
     "geometric_mean_speedup",
+    "measured_coverage",
     "grpo_advantages",
     "mismatch_keep_mask",
     "pass_at_k",

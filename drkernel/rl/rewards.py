@@ -62,16 +62,17 @@ def _fields(result: EvalResult | Mapping[str, Any]) -> tuple[bool, str, list[str
     raise TypeError(f"result must be an EvalResult or a dict, not {type(result).__name__}")
 
 
-def _coverage(profile: Any) -> float:
-    """Measured coverage in [0, 1]; 0 when it is missing, NaN or not meaningful (no GPU: launch counts only)."""
+def measured_coverage(profile: Any) -> float | None:
+    """Coverage in [0, 1] of a result's profile (a `Profile` or its dict form); None when it is missing, NaN or not
+    meaningful (no GPU: launch counts only). Rewards, PRS and reports all read coverage this way."""
     if profile is None:
-        return 0.0
+        return None
     if isinstance(profile, Mapping):
         coverage, meaningful = profile.get("coverage"), profile.get("meaningful", False)
     else:
         coverage, meaningful = profile.coverage, profile.meaningful
     if not meaningful or coverage is None or math.isnan(coverage):
-        return 0.0
+        return None
     return min(max(float(coverage), 0.0), 1.0)
 
 
@@ -98,7 +99,7 @@ def reward(result: EvalResult | Mapping[str, Any], config: RewardConfig | None =
     if speedup is not None and not math.isnan(speedup):
         value += _speedup_term(float(speedup), config)
     if config.profiling_reward:
-        value += config.coverage_weight * _coverage(profile)
+        value += config.coverage_weight * (measured_coverage(profile) or 0.0)
     return value
 
 

@@ -11,7 +11,6 @@ because training on tokens the model never saw as its context would be wrong.
 from __future__ import annotations
 
 import asyncio
-import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -22,7 +21,7 @@ from drkernel.agent.evaluate import Evaluator
 from drkernel.agent.parsing import extract_code
 from drkernel.agent.prompts import PromptTemplates, feedback_prompt
 from drkernel.agent.records import FORMAT_ERROR, TurnRecord
-from drkernel.rl import RewardConfig, reward
+from drkernel.rl import RewardConfig, measured_coverage, reward
 from drkernel.schema import EvalResult, Status
 from drkernel.tasks.task import Task
 
@@ -77,16 +76,9 @@ async def _evaluate_with_retry(evaluator: Evaluator, task: Task, code: str, retr
     ) from last
 
 
-def _coverage(result: EvalResult | None) -> float | None:
-    profile = result.profile if result is not None else None
-    if profile is None or not profile.meaningful or profile.coverage is None or math.isnan(profile.coverage):
-        return None
-    return float(profile.coverage)
-
-
 def turn_coverage(record: TurnRecord) -> float | None:
     """Measured coverage of a judged turn, None where it was not measured (no GPU, no code)."""
-    return _coverage(EvalResult.from_dict(record.result) if record.result else None)
+    return measured_coverage((record.result or {}).get("profile"))
 
 
 class MultiTurnRollout:
