@@ -10,6 +10,7 @@ from typing import Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from drkernel.schema import EvalOptions, EvalResult
 
@@ -29,7 +30,8 @@ class ReferenceMode(str, Enum):
 
 
 def fail(message: str) -> typer.Exit:
-    err.print(f"[red]error:[/red] {message}")
+    """Print the message as plain text (escaped: paths and messages hold brackets, e.g. 'drkernel[serve]'); exit 2."""
+    err.print(f"[red]error:[/red] {escape(message)}")
     return typer.Exit(2)
 
 

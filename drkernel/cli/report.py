@@ -27,9 +27,9 @@ def report_command(
     try:
         report = write_report(run_dirs, out, published or [], paper=not no_paper)
     except (RunReadError, PublishedError, TaskLoadError) as exc:
-        raise fail(escape(str(exc)))
+        raise fail(str(exc))
     except OSError as exc:
-        raise fail(escape(f"cannot write the report under {out}: {exc}"))
+        raise fail(f"cannot write the report under {out}: {exc}")
     for run in report.runs:
         for note in run.notes:
             err.print(escape(f"{run.name}: {note}"))

@@ -45,9 +45,7 @@ def serve_command(
         from drkernel.service.dispatcher import Dispatcher
         from drkernel.service.store import Store
     except ImportError as exc:
-        from rich.markup import escape
-
-        raise fail(escape(f"the service needs its extra: pip install 'drkernel[serve]' ({exc})"))
+        raise fail(f"the service needs its extra: pip install 'drkernel[serve]' ({exc})")
     from drkernel.cli.batch import _backend
 
     backend = _backend(device, workers, ray)

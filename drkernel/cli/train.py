@@ -20,8 +20,6 @@ def train_command(
     ),
 ) -> None:
     """Train a policy with the Dr. Kernel recipe (TRLOO, PR, PRS, MRS) on KernelGym rewards."""
-    from rich.markup import escape
-
     from drkernel.cli.main import err, fail
     from drkernel.tasks.loaders import TaskLoadError
 
@@ -33,13 +31,13 @@ def train_command(
         from drkernel.train.rollout import EvaluatorUnavailable, TemplateMismatch
         from drkernel.train.run import last_checkpoint, train
     except (ConfigError, TaskLoadError) as exc:
-        raise fail(escape(str(exc)))  # escaped: messages hold brackets, e.g. 'drkernel[train]'
+        raise fail(str(exc))
     try:
         trainer = train(cfg, resume=resume)
     except (ConfigError, TaskLoadError, TemplateMismatch, ImportError) as exc:  # ImportError: e.g. use_vllm without vLLM
-        raise fail(escape(str(exc)))
+        raise fail(str(exc))
     except EvaluatorUnavailable as exc:
         checkpoint = last_checkpoint(cfg.output_dir)
         where = f"the last checkpoint {checkpoint} is intact; rerun with --resume" if checkpoint else "no checkpoint yet"
-        raise fail(escape(f"the training step failed: {exc}; {where}"))
+        raise fail(f"the training step failed: {exc}; {where}")
     err.print(f"trained {trainer.state.global_step} steps; metrics in {Path(cfg.output_dir) / 'metrics.jsonl'}")
