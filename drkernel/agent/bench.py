@@ -210,9 +210,9 @@ async def run_bench(
         closed = close_evaluator()
         if asyncio.iscoroutine(closed):
             await closed
-        write_summary(run_dir, [(task.key, sample) for task in tasks for sample in range(config.samples)],
-                      config.turns)
-    return outcome, read_json(run_dir / SUMMARY)
+        summary = write_summary(run_dir, [(task.key, sample) for task in tasks for sample in range(config.samples)],
+                                config.turns)
+    return outcome, summary
 
 
 def write_summary(run_dir: Path, planned: list[tuple[str, int]], turns: int) -> dict[str, Any]:
