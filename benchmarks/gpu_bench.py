@@ -6,13 +6,14 @@ Sections: env, hacks, kernelbench, onebyone, repeat, dobench, degenerate, scalin
 prints a short table and writes DIR/<section>.json with every number. `ray` needs Ray installed; `scaling` and `ray`
 use every visible GPU.
 
-Issue 14's sections: stability, throughput, memo, launch.
+Issue 14's sections: stability, throughput, memo, launch, phases.
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import importlib.util
 import json
 import os
@@ -26,7 +27,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from drkernel.runner.devices import discover_gpus  # noqa: E402
+from drkernel.runner.devices import discover_gpus, resolve_device  # noqa: E402
 from drkernel.scheduling.scheduler import JOBS_PER_WORKER, Scheduler  # noqa: E402
 from drkernel.schema import EvalOptions, EvalRequest, EvalResult  # noqa: E402
 from drkernel.tasks import load_candidates, load_jsonl, load_task_dir, pair_candidates  # noqa: E402
@@ -560,6 +561,159 @@ def section_launch(args: argparse.Namespace) -> dict:
     return out
 
 
+CORRECTNESS_STEPS = ("inputs", "clone", "candidate_call", "mutation_check", "reference_call", "check_outputs",
+                     "compare", "poison")
+
+
+def section_phases(args: argparse.Namespace) -> dict:
+    """Issue 14: before cutting passes out of an evaluation, find where its correctness and timing phases spend their
+    wall time, step by step, on the first `--phases-limit` problems."""
+    data = phase_breakdown(kernelbench_pairs(args.kernelbench)[: args.phases_limit])
+    for key, value in data["median"].items():
+        print(f"  {key:<44} {value:.4g}", flush=True)
+    return data
+
+
+def phase_breakdown(pairs: list[tuple[str, EvalRequest]]) -> dict:
+    """Every problem evaluated by `phases_of` in a fresh spawned process (the pipeline hides the harness's modules and
+    installs an audit hook for good; a new process also compiles cold, as the sandbox does), and the median of every
+    number over the problems found correct."""
+    import multiprocessing
+
+    rows: dict[str, dict] = {}
+    for name, request in pairs:
+        with multiprocessing.get_context("spawn").Pool(1) as pool:
+            try:
+                rows[name] = pool.apply_async(phases_of, (request,)).get(timeout=request.options.timeout_s)
+            except Exception as exc:  # a problem that cannot run here is reported, not hidden
+                rows[name] = {"status": "error", "error": f"{type(exc).__name__}: {str(exc)[:300]}"}
+    correct = [_numbers(row) for row in rows.values() if row["status"] == "correct"]
+    keys = dict.fromkeys(key for row in correct for key in row)
+    return {**rows, "median": {key: statistics.median(row.get(key, 0.0) for row in correct) for key in keys}}
+
+
+def phases_of(request: EvalRequest) -> dict:
+    """One evaluation in this process, without the sandbox's confinement, a clock around each step of its correctness
+    trials (the first, where Triton compiles, apart) and around its input refills and output checks while timing."""
+    from unittest import mock
+
+    cuda = resolve_device(request.options.device) == "cuda"
+    os.environ["TRITON_CACHE_DIR"] = tempfile.mkdtemp(prefix="triton-phases-")  # compiles cold, as new code does
+    if not cuda:
+        os.environ["TRITON_INTERPRET"] = "1"
+    import torch
+
+    from drkernel.sandbox import correctness, guards, pipeline
+
+    device = torch.device("cuda", 0) if cuda else torch.device("cpu")
+    pipeline.warm_up(device)  # the sandbox does this before an evaluation starts
+    clock = StepClock(torch.cuda.synchronize if cuda else lambda: None)
+    evaluation = pipeline.Evaluation
+    trial, measure = evaluation._correctness_trial, evaluation.measure
+
+    def timed_trial(self, index: int, *rest):  # ref_call is timed here only: timing calls it between its events
+        ref_call, self.ref_call = self.ref_call, clock.step("reference_call", self.ref_call)
+        try:
+            with clock.phase("first" if index == 0 else "other"):
+                return trial(self, index, *rest)
+        finally:
+            self.ref_call = ref_call
+
+    def timed_measure(self):
+        with clock.phase("timing"):
+            return measure(self)
+
+    steps = [(evaluation, "_inputs", "inputs"), (pipeline, "_clone", "clone"),
+             (evaluation, "_call_candidate", "candidate_call"), (guards, "mutated_inputs", "mutation_check"),
+             (evaluation, "_check_outputs", "check_outputs"), (correctness, "compare", "compare"),
+             (correctness, "compare_sample", "compare_sample"), (guards, "poison", "poison")]
+    input_bytes = _input_bytes(request.reference)
+    with contextlib.ExitStack() as patches:
+        patches.enter_context(mock.patch.object(evaluation, "_correctness_trial", timed_trial))
+        patches.enter_context(mock.patch.object(evaluation, "measure", timed_measure))
+        for owner, attribute, step in steps:
+            patches.enter_context(mock.patch.object(owner, attribute, clock.step(step, getattr(owner, attribute))))
+        result = pipeline.evaluate(request, Path(tempfile.mkdtemp(prefix="phases-")), device)
+    other = {step: clock.seconds["other"][step] for step in CORRECTNESS_STEPS}
+    timed = clock.seconds["timing"]
+    verify = timed["compare"] + timed["compare_sample"]
+    return {
+        "correctness": {"first_trial_s": clock.totals["first"], "other_trials_s": clock.totals["other"],
+                        "rest_s": clock.totals["other"] - sum(other.values()), "steps_s": other,
+                        "steps_first_s": {step: clock.seconds["first"][step] for step in CORRECTNESS_STEPS}},
+        "timing": {"total_s": clock.totals["timing"], "inputs_s": timed["inputs"], "verify_s": verify,
+                   "rest_s": clock.totals["timing"] - timed["inputs"] - verify},  # warm-up and timed calls, flush, checks
+        "phases_s": result.phases_s, "status": result.status, "input_bytes": input_bytes,
+        "error": result.error.message[:300] if result.error else None,
+    }
+
+
+class StepClock:
+    """Wall seconds per phase, and per step within a phase, each step's own (the steps it calls count for
+    themselves). `sync`, the device's, runs as a phase or a step starts and stops, so GPU work counts for the one
+    that queued it. Outside a phase (loading, profiling, ablation) the steps run as they are."""
+
+    def __init__(self, sync) -> None:
+        self.sync = sync
+        self.current: str | None = None
+        self.totals: dict[str, float] = collections.defaultdict(float)
+        self.seconds: dict[str, dict[str, float]] = collections.defaultdict(lambda: collections.defaultdict(float))
+        self.nested: list[float] = []  # per running step, the time of the steps it called
+
+    @contextlib.contextmanager
+    def phase(self, name: str):
+        self.sync()
+        self.current, start = name, time.perf_counter()
+        try:
+            yield
+        finally:
+            self.sync()
+            self.totals[name] += time.perf_counter() - start
+            self.current = None
+
+    def step(self, name: str, fn):
+        def timed(*args, **kwargs):
+            if self.current is None:
+                return fn(*args, **kwargs)
+            self.sync()
+            self.nested.append(0.0)
+            start = time.perf_counter()
+            try:
+                out = fn(*args, **kwargs)
+                self.sync()
+                return out
+            finally:
+                elapsed = time.perf_counter() - start
+                self.seconds[self.current][name] += elapsed - self.nested.pop()
+                if self.nested:
+                    self.nested[-1] += elapsed
+        return timed
+
+
+def _input_bytes(reference: str) -> int | None:
+    """Bytes of the tensors the reference's get_inputs makes, sized on the meta device (nothing allocated)."""
+    import torch
+
+    try:
+        module = _load(reference, "phases_reference")
+        with torch.device("meta"):
+            values = module.get_inputs()
+    except Exception:  # sizes unknown without running it
+        return None
+    return sum(v.numel() * v.element_size() for v in values if isinstance(v, torch.Tensor))
+
+
+def _numbers(tree: dict, prefix: str = "") -> dict[str, float]:
+    """The numbers of a problem's row, keyed by their path ("correctness.steps_s.clone")."""
+    out: dict[str, float] = {}
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            out |= _numbers(value, f"{prefix}{key}.")
+        elif isinstance(value, (int, float)) and not isinstance(value, bool):
+            out[f"{prefix}{key}"] = value
+    return out
+
+
 def _load(source: str, name: str):
     path = Path(tempfile.mkdtemp()) / f"{name}.py"
     path.write_text(source)
@@ -588,6 +742,7 @@ def main() -> None:
                                  "40_LayerNorm", "88_MinGPTNewGelu"])
     parser.add_argument("--synthetic-n", type=int, default=16, help="test-split tasks of the synthetic section")
     parser.add_argument("--synthetic-scale", type=float, default=1.0, help="their shape_scale")
+    parser.add_argument("--phases-limit", type=int, default=20, help="problems broken down in `phases`")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     for name in args.sections:

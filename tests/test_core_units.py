@@ -56,6 +56,55 @@ def test_nonfinite_where_reference_is_finite_fails_and_matching_nan_passes() -> 
     assert not result.ok and result.mismatch.reason == "nonfinite" and result.mismatch.index == [0]
 
 
+SEED_OFFSET = 0  # the quick check was fuzzed over 150 offsets
+
+
+def _scanned(ref: torch.Tensor, cand: torch.Tensor) -> correctness.Comparison:
+    """The element-by-element scan alone, as every chunk was compared before the quick check existed."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(correctness, "_close_chunk", lambda r, c, tol: None)
+        return correctness.compare(ref, cand, 0)
+
+
+@pytest.mark.parametrize("case", ["equal", "noise", "boundary", "just_past", "far", "nan", "inf_both", "inf_ref",
+                                  "huge", "rel_error", "second_chunk"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+def test_quick_chunk_check_gives_the_verdicts_and_numbers_of_the_scan(case, dtype, monkeypatch) -> None:
+    monkeypatch.setattr(correctness, "COMPARE_CHUNK", 256)  # several chunks, the odd one in the second
+    gen = torch.Generator().manual_seed(sum(map(ord, case)) + SEED_OFFSET)
+    ref = (torch.randn(1000, generator=gen) * 3).to(dtype)
+    tol = correctness.Tolerance.for_dtype(dtype, None, None, None)
+    cand = ref.clone()
+    if case == "noise":
+        cand = (ref.double() + torch.randn(1000, generator=gen, dtype=torch.float64) * tol.atol / 10).to(dtype)
+    elif case in ("boundary", "just_past"):  # every 50th at isclose's limit (as rounding puts it), one step past
+        limit = (ref * tol.rtol).abs() + tol.atol
+        cand[::50] = ref[::50] + limit[::50]
+        if case == "just_past":
+            cand[300] = torch.nextafter(cand[300], torch.tensor(math.inf, dtype=dtype)) if dtype != torch.bfloat16 \
+                else cand[300] + limit[300]
+    elif case == "far":
+        cand[700] += 1.0
+    elif case == "nan":
+        cand[5] = float("nan")
+    elif case == "inf_both":
+        ref[10], cand[10] = math.inf, math.inf
+    elif case == "inf_ref":
+        ref[10] = math.inf
+    elif case == "huge":  # squares past float32's range
+        ref[3], cand[3] = 1e30 if dtype != torch.bfloat16 else 1e30, 1e30
+    elif case == "rel_error":
+        ref, cand = ref * 1e-3, torch.zeros_like(ref)
+    elif case == "second_chunk":
+        cand[256 + 17] += 2.0
+    quick, scanned = correctness.compare(ref, cand, 0), _scanned(ref, cand)
+    assert (quick.ok, repr(quick.mismatch), quick.message) == (scanned.ok, repr(scanned.mismatch), scanned.message)
+    assert quick.max_abs_diff == pytest.approx(scanned.max_abs_diff, rel=1e-6)
+    assert quick.rel_error == pytest.approx(scanned.rel_error, rel=1e-5, abs=1e-12)
+    if case != "boundary":  # where rounding puts an element exactly at the limit, agreeing with the scan is all
+        assert quick.ok == (case in ("equal", "noise", "inf_both", "huge")), quick.message
+
+
 @pytest.mark.parametrize(
     "cand, reason",
     [
