@@ -67,7 +67,7 @@ def _scanned(ref: torch.Tensor, cand: torch.Tensor) -> correctness.Comparison:
 
 
 @pytest.mark.parametrize("case", ["equal", "noise", "boundary", "just_past", "far", "nan", "inf_both", "inf_ref",
-                                  "huge", "rel_error", "second_chunk"])
+                                  "huge", "tiny", "rel_error", "second_chunk"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
 def test_quick_chunk_check_gives_the_verdicts_and_numbers_of_the_scan(case, dtype, monkeypatch) -> None:
     monkeypatch.setattr(correctness, "COMPARE_CHUNK", 256)  # several chunks, the odd one in the second
@@ -93,6 +93,8 @@ def test_quick_chunk_check_gives_the_verdicts_and_numbers_of_the_scan(case, dtyp
         ref[10] = math.inf
     elif case == "huge":  # squares past float32's range
         ref[3], cand[3] = 1e30 if dtype != torch.bfloat16 else 1e30, 1e30
+    elif case == "tiny":  # squares underflow in float32: zeros must still fail the relative bound
+        ref, cand = torch.full_like(ref, 1e-23), torch.zeros_like(ref)
     elif case == "rel_error":
         ref, cand = ref * 1e-3, torch.zeros_like(ref)
     elif case == "second_chunk":

@@ -21,8 +21,11 @@ TOLERANCES: dict[torch.dtype, tuple[float, float, float]] = {
     torch.float16: (1e-2, 1e-2, 1e-2),
     torch.bfloat16: (5e-2, 5e-2, 3e-2),
 }
-EXACT = (0.0, 0.0, 0.0)
-COMPARE_CHUNK = 1 << 26  # elements compared at once (256 MB of float32 per operand)  # integer and boolean outputs must match exactly
+EXACT = (0.0, 0.0, 0.0)  # integer and boolean outputs must match exactly
+COMPARE_CHUNK = 1 << 26  # elements compared at once (256 MB of float32 per operand)
+# Norms computed in float32 are kept between these: below, squares of tiny elements may have underflowed (zeros
+# must not pass for a reference of 1e-23s); above, they overflow. Outside, both norms are computed again in float64.
+PLAIN_NORMS = (1e-10, 1e18)
 
 # Floating dtypes by precision: a candidate answering in a lower one cuts the work it was asked to do.
 PRECISION_RANK = {torch.float16: 1, torch.bfloat16: 1, torch.float32: 2, torch.float64: 3}
@@ -181,7 +184,8 @@ def _close_chunk(r: torch.Tensor, c: torch.Tensor, tol: Tolerance) -> tuple[floa
                          torch.linalg.vector_norm(r)]).tolist()
     if not (stats[0] and math.isfinite(stats[1])):  # isclose also asks |c - r| to be finite: inf <= inf
         return None
-    if not (math.isfinite(stats[2]) and math.isfinite(stats[3])):  # squares past float32's range: again in float64
+    diff_plain = stats[1] == 0 or PLAIN_NORMS[0] < stats[2] < PLAIN_NORMS[1]
+    if not (diff_plain and PLAIN_NORMS[0] < stats[3] < PLAIN_NORMS[1]):  # squares past float32's range, either way
         stats[2:] = (float(torch.linalg.vector_norm(actual, dtype=torch.float64)),
                      float(torch.linalg.vector_norm(r, dtype=torch.float64)))
     return stats[1], stats[2] ** 2, stats[3] ** 2
