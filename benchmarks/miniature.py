@@ -78,8 +78,8 @@ class Profile:
 PROFILES = {
     "gpu": Profile(
         device="cuda", shape_scale=1.0, n_train=400, n_validation=8, n_test=16,
-        sft_tasks=4000, sft_multi_turn_tasks=32,
-        sft_args=("--epochs", "4", "--bf16", "--per-device-train-batch-size", "16", "--max-length", "4096"),
+        sft_tasks=14000, sft_multi_turn_tasks=32,
+        sft_args=("--epochs", "2", "--bf16", "--per-device-train-batch-size", "32", "--max-length", "4096"),
         rl_config="examples/mini/rl_gpu.yaml", bench_turns=3, bench_samples=2, max_tokens=2048,
         stts_turns=8, stts_context="topk:4", stts_samples=1,
         transfer_tasks="../shared/kernelbench/kernelbench_levels1-3.jsonl",  # a copy where the GPU machine has one
@@ -116,8 +116,9 @@ class Step:
 
 
 class Pipeline:
-    def __init__(self, root: Path, profile: Profile, gpus: int, time_limit_s: float | None, dry_run: bool) -> None:
-        self.root, self.p, self.gpus, self.dry_run = root, profile, gpus, dry_run
+    def __init__(self, root: Path, profile: Profile, gpus: int, time_limit_s: float | None, dry_run: bool,
+                 per_gpu: int = 1) -> None:
+        self.root, self.p, self.gpus, self.dry_run, self.per_gpu = root, profile, gpus, dry_run, per_gpu
         self.deadline = time.monotonic() + time_limit_s if time_limit_s else None
         self.incomplete: list[str] = []
 
@@ -251,18 +252,20 @@ class Pipeline:
         print(f"[{step.name}] {time.perf_counter() - started:.1f} s", flush=True)
 
     def _run_parallel(self, steps: list[Step]) -> None:
-        for start in range(0, len(steps), self.gpus):
-            self._run_processes(steps[start:start + self.gpus])
+        at_once = self.gpus * self.per_gpu
+        for start in range(0, len(steps), at_once):
+            self._run_processes(steps[start:start + at_once])
 
     def _run_processes(self, steps: list[Step]) -> None:
-        """One process per step, step i on GPU i; logs in ROOT/logs/. At the deadline, the ones left are stopped."""
+        """One process per step, step i on GPU i // per_gpu; logs in ROOT/logs/. At the deadline, the ones left are
+        stopped."""
         logs = self.root / "logs"
         logs.mkdir(parents=True, exist_ok=True)
         running = []
-        for gpu, step in enumerate(steps):
+        for index, step in enumerate(steps):
             env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
             if self.gpus >= 1:
-                env["CUDA_VISIBLE_DEVICES"] = str(gpu)
+                env["CUDA_VISIBLE_DEVICES"] = str(index // self.per_gpu)
             log = open(logs / f"{step.name.replace(' ', '_')}.log", "a")
             running.append((step, subprocess.Popen(step.argv(), env=env, stdout=log, stderr=subprocess.STDOUT,
                                                    cwd=REPO, start_new_session=True), log, time.perf_counter()))
@@ -297,6 +300,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--profile", choices=sorted(PROFILES), default="gpu")
     parser.add_argument("--root", type=Path, default=Path("runs/mini"))
     parser.add_argument("--gpus", type=int, default=0, help="GPUs to spread a stage's runs over; 0: in this process")
+    parser.add_argument("--per-gpu", type=int, default=1, help="runs sharing one GPU (small policies: their "
+                        "evaluations still take the GPU alone to time, through the per-GPU gate)")
     parser.add_argument("--time-limit-s", type=float, default=None, help="stop the runs still going after this")
     parser.add_argument("--transfer-tasks", default=None, help="KernelBench tasks for `transfer` (the profile's "
                         "default: ../shared/kernelbench/kernelbench_levels1-3.jsonl on the GPU)")
@@ -310,7 +315,9 @@ def main(argv: list[str] | None = None) -> int:
         profile = dataclasses.replace(profile, transfer_tasks=args.transfer_tasks)
     if args.shape_scale:
         profile = dataclasses.replace(profile, shape_scale=args.shape_scale)
-    pipeline = Pipeline(args.root.resolve(), profile, args.gpus, args.time_limit_s, args.dry_run)
+    if args.per_gpu < 1:
+        parser.error("--per-gpu must be at least 1")
+    pipeline = Pipeline(args.root.resolve(), profile, args.gpus, args.time_limit_s, args.dry_run, args.per_gpu)
     for stage in stages:
         pipeline.run(stage)
         if pipeline.incomplete:

@@ -69,6 +69,17 @@ def test_time_limit_stops_the_processes_and_keeps_going_later(tmp_path):
         pipeline._run_parallel([failing])
 
 
+def test_per_gpu_puts_several_runs_on_each_gpu(tmp_path):
+    miniature = _miniature()
+    pipeline = miniature.Pipeline(tmp_path, miniature.PROFILES["cpu"], gpus=2, time_limit_s=None, dry_run=False,
+                                  per_gpu=2)
+    show = "import os; print('gpu', os.environ['CUDA_VISIBLE_DEVICES'])"
+    steps = [miniature.Step(f"run{i}", "timeit", ["-n", "1", "-r", "1", "-s", show, "pass"]) for i in range(5)]
+    pipeline._run_parallel(steps)
+    seen = [(tmp_path / "logs" / f"run{i}.log").read_text().split("\n")[0] for i in range(5)]
+    assert seen == ["gpu 0", "gpu 0", "gpu 1", "gpu 1", "gpu 0"]  # 4 at once, then the fifth
+
+
 @pytest.mark.slow
 def test_tiny_pipeline_on_the_cpu(tmp_path, capsys):
     miniature = _miniature()
