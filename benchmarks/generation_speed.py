@@ -1,0 +1,78 @@
+"""How fast a local policy generates through `HFChatModel`'s path (docs/experiments.md, "Generation speed").
+
+    python benchmarks/generation_speed.py MODEL_DIR [--rows 32] [--tokens 256] [--device cuda] [--out FILE]
+
+The miniature's budget is mostly generation: this times `generate` per new-token step for one left-padded batch,
+with transformers' own sampling and with the per-row seeded sampler `HFChatModel` uses (`_RowSampler`), after a
+warm-up call (the first call in a process pays CUDA's and the kernels' start-up). Every row is made to produce
+exactly `--tokens` tokens, so the figures are per step of the whole batch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from drkernel.agent.backends import _RowSampler  # noqa: E402
+
+
+def step_ms(model, batch, tokens: int, **sampling) -> float:
+    """Milliseconds per generated step of the whole batch."""
+    sync = torch.cuda.synchronize if batch["input_ids"].is_cuda else (lambda: None)
+    sync()
+    started = time.perf_counter()
+    with torch.no_grad():
+        model.generate(batch["input_ids"], attention_mask=batch["attention_mask"], max_new_tokens=tokens,
+                       min_new_tokens=tokens, **sampling)
+    sync()
+    return (time.perf_counter() - started) / tokens * 1000
+
+
+def measure(model_dir: str, rows: int, tokens: int, device: str) -> dict:
+    from transformers import AutoModelForCausalLM, AutoTokenizer, TemperatureLogitsWarper, TopPLogitsWarper
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir, padding_side="left")
+    tokenizer.pad_token = tokenizer.pad_token or tokenizer.eos_token
+    model = AutoModelForCausalLM.from_pretrained(model_dir).to(device).eval()
+    prompts = [[{"role": "user", "content": "Write a Triton kernel for this chain. " * (20 + i)}] for i in range(rows)]
+    batch = tokenizer.apply_chat_template(prompts, add_generation_prompt=True, padding=True, return_tensors="pt",
+                                          return_dict=True).to(device)
+    pad = {"pad_token_id": tokenizer.pad_token_id}
+    row_sampler = [TemperatureLogitsWarper(1.0), TopPLogitsWarper(0.95),
+                   _RowSampler([random.getrandbits(63) for _ in range(rows)], device)]
+    return {
+        "model": model_dir, "device": device, "dtype": str(model.dtype), "rows": rows, "tokens": tokens,
+        "prompt_tokens": int(batch["input_ids"].shape[1]),
+        "first_call_ms_per_step": step_ms(model, batch, tokens, do_sample=False, **pad),
+        "transformers_sampling_ms_per_step": step_ms(model, batch, tokens, do_sample=True, temperature=1.0,
+                                                     top_p=0.95, top_k=0, **pad),
+        "row_sampler_ms_per_step": step_ms(model, batch, tokens, do_sample=False, logits_processor=row_sampler,
+                                           **pad),
+    }
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("model_dir")
+    parser.add_argument("--rows", type=int, default=32)
+    parser.add_argument("--tokens", type=int, default=256)
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--out", type=Path, default=None, help="also write the figures here as JSON")
+    args = parser.parse_args(argv)
+    figures = measure(args.model_dir, args.rows, args.tokens, args.device)
+    print(json.dumps(figures, indent=1))
+    if args.out:
+        args.out.write_text(json.dumps(figures, indent=1))
+    return figures
+
+
+if __name__ == "__main__":
+    main()
