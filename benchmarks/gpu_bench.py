@@ -627,7 +627,7 @@ def phases_of(request: EvalRequest) -> dict:
              (evaluation, "_call_candidate", "candidate_call"), (guards, "mutated_inputs", "mutation_check"),
              (evaluation, "_check_outputs", "check_outputs"), (correctness, "compare", "compare"),
              (correctness, "compare_sample", "compare_sample"), (guards, "poison", "poison")]
-    input_bytes = _input_bytes(request.reference)
+    input_bytes = pipeline.input_bytes(_load(request.reference, "phases_reference").get_inputs)
     with contextlib.ExitStack() as patches:
         patches.enter_context(mock.patch.object(evaluation, "_correctness_trial", timed_trial))
         patches.enter_context(mock.patch.object(evaluation, "measure", timed_measure))
@@ -688,19 +688,6 @@ class StepClock:
                 if self.nested:
                     self.nested[-1] += elapsed
         return timed
-
-
-def _input_bytes(reference: str) -> int | None:
-    """Bytes of the tensors the reference's get_inputs makes, sized on the meta device (nothing allocated)."""
-    import torch
-
-    try:
-        module = _load(reference, "phases_reference")
-        with torch.device("meta"):
-            values = module.get_inputs()
-    except Exception:  # sizes unknown without running it
-        return None
-    return sum(v.numel() * v.element_size() for v in values if isinstance(v, torch.Tensor))
 
 
 def _numbers(tree: dict, prefix: str = "") -> dict[str, float]:

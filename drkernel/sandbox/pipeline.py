@@ -517,13 +517,9 @@ class Evaluation:
         lets the GPU go while its kernels compile)."""
         if self.gate is None or self.device.type != "cuda":
             return
-        try:
-            with torch.device("meta"):
-                values = self.get_inputs()
-            need = 4 * sum(v.numel() * v.element_size() for v in values if isinstance(v, torch.Tensor))
-        except Exception:  # sizes unknown without running it: do not risk another evaluation's memory
-            need = None
-        self.alone = need is None or need > torch.cuda.get_device_properties(self.device).total_memory * SHARE_OF_MEMORY
+        inputs = input_bytes(self.get_inputs)  # None, sizes unknown: do not risk another evaluation's memory
+        limit = torch.cuda.get_device_properties(self.device).total_memory * SHARE_OF_MEMORY
+        self.alone = inputs is None or 4 * inputs > limit
 
     def _seeded(self, seed: int, fn: Callable[[], Any]) -> Any:
         """Call `fn` with every RNG seeded and the evaluation's device as the default one: tensors a task makes
@@ -619,6 +615,17 @@ def evaluate(
 
 _AUDIT = audit.CandidateAudit(on_violation=lambda event: None)
 _AUDIT.install()
+
+
+def input_bytes(get_inputs: Callable[[], Any]) -> int | None:
+    """Bytes of the tensors `get_inputs` makes, sized on the meta device (nothing is allocated); None when that
+    cannot be known without running it for real."""
+    try:
+        with torch.device("meta"):
+            values = get_inputs()
+    except Exception:
+        return None
+    return sum(v.numel() * v.element_size() for v in values if isinstance(v, torch.Tensor))
 
 
 def warm_up(device: torch.device) -> None:
