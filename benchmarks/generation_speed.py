@@ -67,6 +67,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--out", type=Path, default=None, help="also write the figures here as JSON")
     args = parser.parse_args(argv)
+    if not Path(args.model_dir, "config.json").is_file():
+        parser.error(f"{args.model_dir}: no model saved with save_pretrained there (no config.json)")
     figures = measure(args.model_dir, args.rows, args.tokens, args.device)
     print(json.dumps(figures, indent=1))
     if args.out:
