@@ -154,6 +154,29 @@ def test_cpu_call_timer_times_wall_clock() -> None:
     assert torch.equal(out, torch.full((3,), 2.0)) and len(samples.wall_ms) == 1 and not samples.event_ms
 
 
+def test_cuda_call_timer_spins_then_flushes_right_before_the_timed_call() -> None:
+    """The order of what a timed call enqueues on the device (GPU calls stood in for by recorders): the spin that
+    hides the host first, then the flush, so the call meets the same cache whatever the spin's length."""
+    order: list[str] = []
+
+    class Event:
+        def __init__(self, enable_timing: bool) -> None:
+            pass
+
+        def record(self) -> None:
+            order.append("record")
+
+    timer = timing.CallTimer(torch.device("cpu"))
+    timer.cuda, timer.cover_ms, timer._cycles_per_ms = True, 0.5, 1000.0
+    timer._event = Event
+    timer._spin = lambda cycles: order.append(f"spin {cycles}")
+    timer._flush = type("Flush", (), {"zero_": lambda self: order.append("flush")})()
+    samples = timing.Samples()
+    timer.enqueue(lambda: order.append("call"), [], samples)
+    assert order == ["spin 500", "flush", "record", "call", "record"]
+    assert len(samples.pending) == 1 and len(samples.host_ms) == 1
+
+
 def test_coverage_counts_only_exactly_named_own_kernels() -> None:
     times = {"add_kernel": 80.0, "add_kernel_2": 10.0, "void at::native::elementwise": 10.0}
     calls = {"add_kernel": 2, "add_kernel_2": 2, "void at::native::elementwise": 2}

@@ -1,8 +1,10 @@
 """Timing of reference and candidate, interleaved in one process on one device.
 
-On CUDA each call is timed with events on the current stream after an L2 flush and a spin on the device that lasts
-longer than the host takes to enqueue the call: the start event fires only once the call's kernels are all queued,
-so Python launch overhead (large for Triton kernels, small for PyTorch's) never counts, for either side alike. Every
+On CUDA each call is timed with events on the current stream after a spin on the device that lasts longer than the
+host takes to enqueue the flush and the call, then an L2 flush: the start event fires only once the call's kernels
+are all queued, so Python launch overhead (large for Triton kernels, small for PyTorch's) never counts, for either
+side alike, and the call always meets the cache the flush leaves (dirty lines of zeros, as in do_bench), not one
+that had a spin's length to write them back. Every
 timed call gets input values never seen before, written into the same buffers before the flush (outside the timed
 window), so no memo keyed on contents, pointers, versions, shapes or call counts can answer from memory; the outputs
 are checked after the window. A few host-synchronized calls per side add the wall time until the device is idle,
@@ -47,9 +49,10 @@ class Samples:
 
 
 class CallTimer:
-    """Times calls. On CUDA, each timed call is preceded on the device by an L2 flush and a spin (`cover_ms`) that
-    outlasts the host's enqueueing of the call, so the start event fires when the call's kernels are already
-    queued: the events see GPU time only, whether the device was idle or busy when the call began."""
+    """Times calls. On CUDA, each timed call is preceded on the device by a spin (`cover_ms`) that outlasts the
+    host's enqueueing of the flush and the call, then by an L2 flush, so the start event fires when the call's
+    kernels are already queued: the events see GPU time only, whether the device was idle or busy when the call
+    began."""
 
     def __init__(self, device: torch.device) -> None:
         self.cuda = device.type == "cuda"
@@ -86,10 +89,10 @@ class CallTimer:
             samples.wall_ms.append((_perf_counter() - start) * 1e3)
             return out
         start, end = self._event(enable_timing=True), self._event(enable_timing=True)
-        self._flush.zero_()
         if self.cover_ms:
             self._spin(int(self.cover_ms * self._cycles_per_ms))
         host_start = _perf_counter()
+        self._flush.zero_()  # right before the call, whatever the spin's length: the L2 state do_bench times in
         start.record()
         out = fn(*args)
         end.record()
