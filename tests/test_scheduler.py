@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from drkernel.sandbox import procfs
 from drkernel.scheduling import scheduler as scheduler_module
 from drkernel.scheduling.scheduler import Scheduler
 from drkernel.schema import EvalOptions, EvalRequest, EvalResult
@@ -139,6 +140,10 @@ def test_candidate_failures_are_results_not_retries() -> None:
     requests = [EvalRequest(reference.reference, template.format(body), reference.options)
                 for body in CANDIDATE_FAILURES]
     with Scheduler("cpu", workers=1) as scheduler:
+        assert scheduler.wait_ready(timeout=120)  # started with the scheduler, before any job
+        (idle,) = scheduler.workers()
+        assert idle["pid"] is not None and idle["completed"] == 0
+        assert any(p.ppid == idle["pid"] for p in procfs.processes())  # and its fork server is up
         results = scheduler.evaluate_many(requests)
         (worker,) = scheduler.workers()
     assert [r.status for r in results] == list(CANDIDATE_FAILURES.values())

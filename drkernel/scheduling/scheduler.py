@@ -1,6 +1,8 @@
 """The embedded scheduler: a queue in front of one worker process per GPU (or N CPU workers).
 
-Each worker holds the next jobs, whose processes start while the first runs; on a GPU three run at once, their
+Workers start with the scheduler, so their start-up (Python, the fork server's imports) is paid before the first
+job rather than by it (`wait_ready`). Each worker holds the next jobs, whose processes start while the first ones
+run (two prepared beyond those running: CUDA start-up takes seconds); on a GPU three run at once, their
 loading, compilation and correctness checks overlapping, while the device gate gives each one's timing and profiling
 the GPU alone (timings stay clean; `overlap=1` runs one at a time). A worker that dies (killed, crashed outside any evaluation) takes nothing with it: its jobs go
 back to the front of the queue and run again, up to `max_attempts`. A candidate's own failure is a result, never
@@ -24,10 +26,11 @@ from dataclasses import dataclass, field
 from typing import IO, Callable, Iterable, Iterator, Protocol
 
 from drkernel.runner.devices import discover_gpus, resolve_device
-from drkernel.runner.sandbox import memory_share_mb
+from drkernel.runner.sandbox import GPU_OVERLAP, memory_share_mb
 from drkernel.schema import ErrorInfo, EvalRequest, EvalResult, Status
 
-JOBS_PER_WORKER = 4  # the running ones (3 at once on a GPU) and one being prepared (CUDA start-up takes seconds)
+PREPARED_AHEAD = 2  # jobs forked and starting up per worker beyond those running (CUDA start-up takes seconds)
+JOBS_PER_WORKER = GPU_OVERLAP + PREPARED_AHEAD
 START_ALLOWANCE_S = 120.0  # beyond a job's own timeout: process start, CUDA initialisation, the job before it
 
 
@@ -60,6 +63,7 @@ class _Slot:
     head_since: float = 0.0
     completed: int = 0
     restarts: int = -1
+    ready: threading.Event = field(default_factory=threading.Event)  # its worker's sandbox has started
 
 
 class Scheduler:
@@ -81,6 +85,8 @@ class Scheduler:
         self._ids = itertools.count()
         self._closed = False
         self._log_dir = tempfile.mkdtemp(prefix="drkernel-workers-")
+        for slot in slots:
+            self._start_worker(slot)
         self._threads = [threading.Thread(target=self._feed, args=(s,), daemon=True, name=f"drkernel-{s.name}")
                          for s in slots]
         for thread in self._threads:
@@ -130,6 +136,15 @@ class Scheduler:
                 for s in self._slots
             ]
 
+    def wait_ready(self, timeout: float | None = None) -> bool:
+        """Wait until every worker has started (its fork server up); False if one had not within `timeout`."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        for slot in self._slots:
+            left = None if deadline is None else max(deadline - time.monotonic(), 0.0)
+            if not slot.ready.wait(left):
+                return False
+        return True
+
     @property
     def queued(self) -> int:
         with self._cond:
@@ -176,6 +191,7 @@ class Scheduler:
         process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log)
         log.close()
         slot.process, slot.restarts = process, slot.restarts + 1
+        slot.ready = threading.Event()
         threading.Thread(target=self._read, args=(slot, process), daemon=True).start()
         return process
 
@@ -216,6 +232,9 @@ class Scheduler:
         assert process.stdout is not None
         for line in _lines(process.stdout):
             message = json.loads(line)
+            if "ready" in message:
+                slot.ready.set()
+                continue
             with self._cond:
                 job = slot.inflight.pop(message["job"], None)
                 slot.completed += 1

@@ -1,7 +1,7 @@
 """A worker process: owns one device slot, evaluates the jobs its scheduler sends, one at a time.
 
-Protocol on stdin/stdout, one JSON object per line: in `{"job": id, "request": {...}}`, out
-`{"job": id, "result": {...}}`. The scheduler sends a few jobs at once; while the first runs, the next ones'
+Protocol on stdin/stdout, one JSON object per line: out `{"ready": pid}` once the sandbox's fork server is up,
+then in `{"job": id, "request": {...}}`, out `{"job": id, "result": {...}}`. The scheduler sends a few jobs at once; while the first runs, the next ones'
 processes are forked and initialise CUDA, so the device does not wait for start-up between evaluations.
 Stdin closing ends the worker and every evaluation it started.
 """
@@ -17,6 +17,7 @@ import threading
 from concurrent.futures import Future
 from typing import IO, Any
 
+from drkernel.runner.forkserver import ForkServerDied
 from drkernel.runner.sandbox import DeviceQueue, Sandbox
 from drkernel.schema import EvalRequest, EvalResult, Status
 
@@ -61,6 +62,12 @@ def main(argv: list[str] | None = None) -> None:
     os.dup2(2, 1)  # anything printed by libraries goes to stderr, never into the protocol
     sandbox = Sandbox(device=args.device, gpu=args.gpu, memory_cap_mb=args.memory_cap_mb, overlap=args.overlap)
     try:
+        try:
+            sandbox.server.ensure_running()  # before the first job, not in its time
+        except ForkServerDied as exc:  # each job tries again, and fails with the reason if it must
+            print(f"drkernel worker: the fork server did not start: {exc}", file=sys.stderr, flush=True)
+        out.write(json.dumps({"ready": os.getpid()}) + "\n")
+        out.flush()
         run(sandbox, sys.stdin.buffer, out)
     finally:
         sandbox.close()
