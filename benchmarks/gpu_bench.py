@@ -103,21 +103,32 @@ def section_kernelbench(args: argparse.Namespace) -> dict:
 
 
 def run_batch(pairs: list[tuple[str, EvalRequest]], tag: str, overlap: int | None) -> dict:
-    """The problems through a fresh scheduler with a cold Triton cache: rate, overheads, per-phase medians."""
+    """The problems through a fresh scheduler with a cold Triton cache: rate, overheads, per-phase medians. Two
+    rates: `per_minute` from the scheduler's construction to its close (its start-up included), and
+    `per_minute_running` from the submission, once its worker is up, to the last result (what a long-lived
+    scheduler, as in training, gives); each problem's [start, end] relative to the submission."""
     fresh_triton_cache(tag)
     start = time.monotonic()
+    finished: dict[int, float] = {}
     with Scheduler(device="cuda", overlap=overlap) as scheduler:
-        results = scheduler.evaluate_many([r for _, r in pairs])
+        ready = scheduler.wait_ready(timeout=300)
+        submitted = time.monotonic()
+        results = scheduler.evaluate_many([r for _, r in pairs],
+                                          on_result=lambda i, _: finished.setdefault(i, time.monotonic() - submitted))
     wall = time.monotonic() - start
+    running = max(finished.values())
     rows = {}
-    for (name, request), result in zip(pairs, results):
+    for index, ((name, request), result) in enumerate(zip(pairs, results)):
         row = summary(result)
         row["gpu_work_s"] = gpu_work_ms(result, request.options) / 1e3
         row["overhead_s"] = (result.duration_s or 0) - row["gpu_work_s"]
+        row["span_s"] = [round(finished[index] - (result.duration_s or 0), 3), round(finished[index], 3)]
         rows[name] = row
     overheads = [r["overhead_s"] for r in rows.values() if r["status"] == "correct"]
     phases = sorted({k for r in rows.values() for k in (r["phases_s"] or {})})
     return {"wall_s": wall, "evaluations": len(pairs), "per_minute": 60 * len(pairs) / wall,
+            "start_up_s": submitted - start, "ready": ready, "running_s": running,
+            "per_minute_running": 60 * len(pairs) / running,
             "median_overhead_s": statistics.median(overheads) if overheads else None,
             "max_overhead_s": max(overheads) if overheads else None,
             "phase_median_s": {k: statistics.median(r["phases_s"].get(k, 0.0) for r in rows.values()) for k in phases},
@@ -266,7 +277,9 @@ def section_throughput(args: argparse.Namespace) -> dict:
             "speedup_overlapped_over_exclusive": ratios,
             "max_speedup_deviation": max(deviations) if deviations else None,
             "rates_per_minute": {"overlapped": overlapped["per_minute"], "exclusive": exclusive["per_minute"],
-                                 "onebyone": onebyone["per_minute"]}}
+                                 "onebyone": onebyone["per_minute"],
+                                 "overlapped_running": overlapped["per_minute_running"],
+                                 "exclusive_running": exclusive["per_minute_running"]}}
 
 
 def section_repeat(args: argparse.Namespace) -> dict:
@@ -561,6 +574,7 @@ def section_launch(args: argparse.Namespace) -> dict:
     return out
 
 
+TIMING_STEPS = ("warmup_call", "timed_call", "synced_call", "honesty")  # each call with its spin, flush, sync
 CORRECTNESS_STEPS = ("inputs", "clone", "candidate_call", "mutation_check", "reference_call", "check_outputs",
                      "compare", "poison")
 
@@ -603,7 +617,7 @@ def phases_of(request: EvalRequest) -> dict:
         os.environ["TRITON_INTERPRET"] = "1"
     import torch
 
-    from drkernel.sandbox import correctness, guards, pipeline
+    from drkernel.sandbox import correctness, guards, pipeline, timing
 
     device = torch.device("cuda", 0) if cuda else torch.device("cpu")
     pipeline.warm_up(device)  # the sandbox does this before an evaluation starts
@@ -623,26 +637,38 @@ def phases_of(request: EvalRequest) -> dict:
         with clock.phase("timing"):
             return measure(self)
 
+    spins: list[float] = []
+    cover = timing.CallTimer.cover
+
+    def recorded_cover(self, host_ms):
+        cover(self, host_ms)
+        spins.append(self.cover_ms)
+
     steps = [(evaluation, "_inputs", "inputs"), (pipeline, "_clone", "clone"),
              (evaluation, "_call_candidate", "candidate_call"), (guards, "mutated_inputs", "mutation_check"),
              (evaluation, "_check_outputs", "check_outputs"), (correctness, "compare", "compare"),
-             (correctness, "compare_sample", "compare_sample"), (guards, "poison", "poison")]
+             (correctness, "compare_sample", "compare_sample"), (guards, "poison", "poison"),
+             (timing.CallTimer, "untimed", "warmup_call"), (timing.CallTimer, "enqueue", "timed_call"),
+             (timing.CallTimer, "synced", "synced_call"), (evaluation, "_check_timing_honesty", "honesty")]
     input_bytes = pipeline.input_bytes(_load(request.reference, "phases_reference").get_inputs)
     with contextlib.ExitStack() as patches:
         patches.enter_context(mock.patch.object(evaluation, "_correctness_trial", timed_trial))
         patches.enter_context(mock.patch.object(evaluation, "measure", timed_measure))
+        patches.enter_context(mock.patch.object(timing.CallTimer, "cover", recorded_cover))
         for owner, attribute, step in steps:
             patches.enter_context(mock.patch.object(owner, attribute, clock.step(step, getattr(owner, attribute))))
         result = pipeline.evaluate(request, Path(tempfile.mkdtemp(prefix="phases-")), device)
     other = {step: clock.seconds["other"][step] for step in CORRECTNESS_STEPS}
     timed = clock.seconds["timing"]
     verify = timed["compare"] + timed["compare_sample"]
+    calls = {step: timed[step] for step in TIMING_STEPS}
     return {
         "correctness": {"first_trial_s": clock.totals["first"], "other_trials_s": clock.totals["other"],
                         "rest_s": clock.totals["other"] - sum(other.values()), "steps_s": other,
                         "steps_first_s": {step: clock.seconds["first"][step] for step in CORRECTNESS_STEPS}},
         "timing": {"total_s": clock.totals["timing"], "inputs_s": timed["inputs"], "verify_s": verify,
-                   "rest_s": clock.totals["timing"] - timed["inputs"] - verify},  # warm-up and timed calls, flush, checks
+                   "steps_s": calls, "cover_ms": spins[-1] if spins else None,  # the device spin before each call
+                   "rest_s": clock.totals["timing"] - timed["inputs"] - verify - sum(calls.values())},
         "phases_s": result.phases_s, "status": result.status, "input_bytes": input_bytes,
         "error": result.error.message[:300] if result.error else None,
     }

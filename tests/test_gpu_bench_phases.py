@@ -32,8 +32,11 @@ def test_phases_section_breaks_an_evaluation_down_by_step(monkeypatch):
         assert correctness["steps_s"]["candidate_call"] > 0 and correctness["steps_s"]["mutation_check"] > 0
         assert sum(correctness["steps_s"].values()) <= correctness["other_trials_s"] + 1e-3
         assert correctness["first_trial_s"] > 0 and correctness["rest_s"] >= -1e-3
-        assert all(isinstance(v, float) and v >= 0 for v in timing.values()), timing
-        assert 0 < timing["inputs_s"] <= timing["total_s"] and timing["verify_s"] > 0
+        steps = timing.pop("steps_s")
+        assert set(steps) == set(gpu_bench.TIMING_STEPS)
+        assert steps["warmup_call"] > 0 and steps["timed_call"] > 0  # no synced calls or honesty check on the CPU
+        assert all(isinstance(v, float) and v >= 0 for v in [*steps.values(), *timing.values()]), timing
+        assert 0 < timing["inputs_s"] <= timing["total_s"] and timing["verify_s"] > 0 and timing["rest_s"] >= -1e-3
         assert timing["total_s"] <= row["phases_s"]["timing"] + 1e-3
     assert data["median"]["correctness.steps_s.compare"] > 0
     assert data["median"]["timing.total_s"] > 0
