@@ -1,6 +1,7 @@
 """The miniature reproduction of Dr. Kernel, one command per stage (docs/experiments.md, "Plan of the runs").
 
     python benchmarks/miniature.py STAGE... [--profile gpu|cpu] [--root runs/mini] [--gpus N] [--time-limit-s S]
+                                            [--policies sft grpo trloo recipe]
 
 Stages, in order (`all` runs them all):
   splits    the train / validation / test splits (`drkernel synth`; seeded, seconds)
@@ -117,8 +118,9 @@ class Step:
 
 class Pipeline:
     def __init__(self, root: Path, profile: Profile, gpus: int, time_limit_s: float | None, dry_run: bool,
-                 per_gpu: int = 1) -> None:
+                 per_gpu: int = 1, policies: tuple[str, ...] = POLICIES) -> None:
         self.root, self.p, self.gpus, self.dry_run, self.per_gpu = root, profile, gpus, dry_run, per_gpu
+        self.policies = tuple(name for name in POLICIES if name in policies)  # benched, stts'd and transferred
         self.deadline = time.monotonic() + time_limit_s if time_limit_s else None
         self.incomplete: list[str] = []
 
@@ -184,20 +186,20 @@ class Pipeline:
 
     def bench(self) -> list[Step]:
         return [self._bench(f"bench {name}", name, str(self.root / "test" / "tasks"), self.root / "bench" / name,
-                            self.p.bench_turns, "full", self.p.bench_samples) for name in POLICIES]
+                            self.p.bench_turns, "full", self.p.bench_samples) for name in self.policies]
 
     def best_policy(self) -> str:
         """The policy with the highest test-split Fast@1.2 (best of history, then last turn); ties go to the later
         one in (sft, grpo, trloo, recipe), the recipe last."""
         scores = {}
-        for name in POLICIES:
+        for name in self.policies:
             path = self.root / "bench" / name / "summary.json"
             if path.exists():
                 summary = json.loads(path.read_text())
                 scores[name] = (summary["best_of_history"]["fast_1_2"], summary["last_turn"]["fast_1_2"])
         if not scores:
             raise SystemExit("stts needs the bench stage's summaries first")
-        return max(reversed(POLICIES), key=lambda name: scores.get(name, (-1.0, -1.0)))
+        return max(reversed(self.policies), key=lambda name: scores.get(name, (-1.0, -1.0)))
 
     def stts(self) -> list[Step]:
         best = "BEST" if self.dry_run and not (self.root / "bench").exists() else self.best_policy()
@@ -207,7 +209,7 @@ class Pipeline:
     def transfer(self) -> list[Step]:
         return [self._bench(f"transfer {name}", name, self.p.transfer_tasks, self.root / "transfer" / name,
                             self.p.bench_turns, "full", self.p.transfer_samples, self.p.transfer_args)
-                for name in POLICIES]
+                for name in self.policies]
 
     def report(self) -> list[Step]:
         steps = []
@@ -307,6 +309,10 @@ def main(argv: list[str] | None = None) -> int:
                         "default: ../shared/kernelbench/kernelbench_levels1-3.jsonl on the GPU)")
     parser.add_argument("--shape-scale", type=float, default=None, help="task shapes (the profile's default: 1 on "
                         "the GPU); stage 0's calibration decides")
+    parser.add_argument("--max-tokens", type=int, default=None, help="new tokens per answer in the stages run now "
+                        "(the profile's default: 2048 on the GPU; a resumed bench keeps its own)")
+    parser.add_argument("--policies", nargs="+", choices=POLICIES, default=list(POLICIES),
+                        help="the policies `bench`, `stts` and `transfer` take (default: all four)")
     parser.add_argument("--dry-run", action="store_true", help="print the command lines, run nothing")
     args = parser.parse_args(argv)
     stages = STAGES if "all" in args.stages else [s for s in STAGES if s in args.stages]
@@ -315,9 +321,12 @@ def main(argv: list[str] | None = None) -> int:
         profile = dataclasses.replace(profile, transfer_tasks=args.transfer_tasks)
     if args.shape_scale:
         profile = dataclasses.replace(profile, shape_scale=args.shape_scale)
+    if args.max_tokens:
+        profile = dataclasses.replace(profile, max_tokens=args.max_tokens)
     if args.per_gpu < 1:
         parser.error("--per-gpu must be at least 1")
-    pipeline = Pipeline(args.root.resolve(), profile, args.gpus, args.time_limit_s, args.dry_run, args.per_gpu)
+    pipeline = Pipeline(args.root.resolve(), profile, args.gpus, args.time_limit_s, args.dry_run, args.per_gpu,
+                        tuple(args.policies))
     for stage in stages:
         pipeline.run(stage)
         if pipeline.incomplete:

@@ -53,6 +53,10 @@ def test_gpu_commands_differ_only_in_the_ablation(tmp_path, capsys):
     assert len(transfer) == 4
     assert "--level 1 --problems 19-32,36,38-40,47-49,53,88 --model hf:" in transfer[0]
     assert not (tmp_path / "rl").exists()  # a dry run writes nothing
+    assert miniature.main(["bench", "transfer", "--root", str(tmp_path), "--dry-run", "--policies", "sft"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split(" --out ")[1].split()[0] for line in lines if line.startswith(("[bench]", "[transfer]"))] == [
+        f"{tmp_path}/bench/sft", f"{tmp_path}/transfer/sft"]
 
 
 def test_time_limit_stops_the_processes_and_keeps_going_later(tmp_path):
