@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import dataclasses
+import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -11,6 +15,7 @@ from typer.testing import CliRunner
 from drkernel.agent.backends import GenerationError, HFChatModel, SamplingParams
 from drkernel.agent.records import read_trajectories
 from drkernel.cli.main import app
+from drkernel.sandbox.gate import DeviceGate
 
 REPO = Path(__file__).resolve().parents[1]
 CHAT_TEMPLATE = (
@@ -123,6 +128,39 @@ def test_seeded_sampled_requests_share_a_batch_and_repeat_their_lone_answers(mod
     assert asyncio.run(ask_together(model, prompts, sampled, seeds=seeds)) == alone
     assert calls == [3]  # one batch, yet each row samples from its own seed
     assert alone[0].text != alone[1].text  # another seed, another sample
+
+
+def test_generation_behind_the_device_gate_waits_for_a_timing_and_makes_way_every_step(model_path, tmp_path,
+                                                                                       monkeypatch):
+    lock = tmp_path / "gate-gpu-0"
+    model = HFChatModel(model_path, batch_wait_s=0.0, gate=DeviceGate(lock, None))
+    plain = HFChatModel(model_path, batch_wait_s=0.0)
+    steps: list[int] = []
+    make_way = DeviceGate.make_way
+    monkeypatch.setattr(DeviceGate, "make_way", lambda gate, sync: (steps.append(1), make_way(gate, sync)))
+    timer = DeviceGate(lock, None)
+    with timer.exclusive():  # a candidate is being timed: generation does not start
+        answer = concurrent.futures.ThreadPoolExecutor(1).submit(asyncio.run, ask_together(model, PROMPTS[:1], GREEDY))
+        time.sleep(0.5)
+        assert not answer.done()
+    (completion,) = answer.result(timeout=60)
+    assert completion == asyncio.run(ask_together(plain, PROMPTS[:1], GREEDY))[0]  # the gate changes no token
+    assert len(steps) == completion.usage["completion_tokens"]  # one chance for a timing per decoding step
+
+
+def test_a_local_model_shares_the_gate_of_the_embedded_scheduler_s_gpu(monkeypatch, tmp_path):
+    from drkernel.agent import bench
+    from drkernel.runner.sandbox import Sandbox
+
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    monkeypatch.setattr(tempfile, "tempdir", None)  # TMPDIR is read again
+    monkeypatch.setattr(bench, "discover_gpus", lambda: ["3", "5"])
+    config = bench.BenchConfig(tasks="t", model="hf:/m", device="cuda")
+    gate = bench.generation_gate(config)
+    assert gate is not None and gate.path == Sandbox(device="cuda", gpu="3").gate  # the GPU it is on
+    for other in (dataclasses.replace(config, device="cpu"), dataclasses.replace(config, model="m", base_url="u"),
+                  dataclasses.replace(config, service="http://x")):  # no shared GPU, or evaluations elsewhere
+        assert bench.generation_gate(other) is None
 
 
 def test_a_failing_generate_reaches_every_waiting_request(model_path):

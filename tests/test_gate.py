@@ -50,6 +50,31 @@ def test_shared_holders_overlap_and_exclude_an_exclusive_one(tmp_path: Path) -> 
     assert not (tmp_path / "t" / WAITING_FILE).exists()
 
 
+def test_a_long_shared_hold_makes_way_for_a_waiting_timing(tmp_path: Path) -> None:
+    """A policy generating beside evaluations holds the gate shared and makes way between its steps: a timing that
+    waits gets the GPU at the next step, and the generation goes on only once the timing is over."""
+    generation, timer = DeviceGate(tmp_path / "gate", None), _gate(tmp_path, "t")  # no supervisor: no waiting file
+    events: list[str] = []
+    synced: list[int] = []
+
+    def timing() -> None:
+        with timer.exclusive():
+            events.append("timing")
+            time.sleep(0.3)
+            events.append("timing done")
+
+    with generation.shared():
+        generation.make_way(lambda: synced.append(1))  # nobody waits: it goes straight on
+        writer = threading.Thread(target=timing)
+        writer.start()
+        time.sleep(0.3)
+        assert events == []  # the step in progress is not interrupted
+        generation.make_way(lambda: synced.append(1))
+        events.append("next step")
+    writer.join(5)
+    assert synced == [1, 1] and events == ["timing", "timing done", "next step"]
+
+
 def test_exclusive_holder_blocks_everyone(tmp_path: Path) -> None:
     timer, other = _gate(tmp_path, "t"), _gate(tmp_path, "o")
     events: list[str] = []

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import email.utils
 import os
 import queue
@@ -17,9 +18,12 @@ import random
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Callable, Protocol
 
 from drkernel.tasks.loaders import require
+
+if TYPE_CHECKING:
+    from drkernel.sandbox.gate import DeviceGate
 
 REQUEST_TAG_HEADER = "X-Drkernel-Request"  # "task/sample/turn": ignored by real servers, read by the scripted one
 RETRY_STATUSES = frozenset({408, 409, 425, 429, 500, 502, 503, 504})
@@ -191,6 +195,17 @@ class _RowSampler:
         return scores - exponential.clamp_min(torch.finfo(scores.dtype).tiny).log()
 
 
+class _MakeWay:
+    """Called once per decoding step (as a logits processor, scores unchanged): lets a waiting timing have the GPU."""
+
+    def __init__(self, gate: DeviceGate, sync: Callable[[], None]) -> None:
+        self.gate, self.sync = gate, sync
+
+    def __call__(self, input_ids: Any, scores: Any) -> Any:
+        self.gate.make_way(self.sync)
+        return scores
+
+
 @dataclass
 class _HFRequest:
     messages: list[dict[str, str]]
@@ -209,9 +224,15 @@ class HFChatModel:
     tokenizer's. Sampling is temperature then top_p (no top_k), drawn by `_RowSampler` from each row's own random
     stream, seeded with the request's seed (a random one when it has none): a seeded request samples the same tokens
     whatever else shares its batch, so a rerun repeats it. A greedy request ignores its seed.
+
+    With a device `gate` (that of the GPU the evaluations run on), generation holds it shared and makes way between
+    decoding steps: it runs beside correctness checks, never while a candidate is timed.
     """
 
-    def __init__(self, path: str, device: str = "cpu", max_batch: int = 32, batch_wait_s: float = 0.005) -> None:
+    def __init__(
+        self, path: str, device: str = "cpu", max_batch: int = 32, batch_wait_s: float = 0.005,
+        gate: DeviceGate | None = None,
+    ) -> None:
         if path.startswith(("/", ".", "~")) and not os.path.isdir(os.path.expanduser(path)):
             raise ValueError(f"hf:{path}: no such folder (expected a model saved with save_pretrained)")
         path = os.path.expanduser(path)
@@ -223,6 +244,7 @@ class HFChatModel:
             self.tokenizer.pad_token = self.tokenizer.eos_token
         self.model = transformers.AutoModelForCausalLM.from_pretrained(path).to(device).eval()
         self.device = device
+        self.gate = gate
         self.max_batch = max_batch
         self.batch_wait_s = batch_wait_s
         self._queue: queue.Queue[_HFRequest | None] = queue.Queue()
@@ -286,7 +308,10 @@ class HFChatModel:
             seeds = [random.getrandbits(63) if request.seed is None else request.seed for request in batch]
             processors = [TemperatureLogitsWarper(params.temperature), TopPLogitsWarper(params.top_p),
                           _RowSampler(seeds, self.device)]
-        with torch.no_grad():
+        if self.gate is not None:
+            sync = torch.cuda.synchronize if self.device.startswith("cuda") else (lambda: None)
+            processors.insert(0, _MakeWay(self.gate, sync))
+        with torch.no_grad(), self.gate.shared() if self.gate is not None else contextlib.nullcontext():
             output = self.model.generate(
                 inputs["input_ids"], attention_mask=inputs["attention_mask"], max_new_tokens=params.max_tokens,
                 do_sample=False, logits_processor=processors, pad_token_id=self.tokenizer.pad_token_id,

@@ -34,6 +34,9 @@ from drkernel.agent.records import (
 )
 from drkernel.agent.summary import completeness, summarize
 from drkernel.rl import RewardConfig
+from drkernel.runner.devices import discover_gpus
+from drkernel.runner.sandbox import gpu_gate_path
+from drkernel.sandbox.gate import DeviceGate
 from drkernel.schema import EvalOptions
 from drkernel.tasks import Task, TaskLoadError, load_tasks, select_tasks
 from drkernel.tasks.loaders import load_task_file, python_files, read_jsonl, task_from_row
@@ -170,10 +173,25 @@ def load_usable_tasks(config: BenchConfig) -> tuple[list[Task], list[str]]:
 
 def make_model(config: BenchConfig) -> ChatModel:
     if config.model.startswith(HF_PREFIX):
-        return HFChatModel(config.model[len(HF_PREFIX):], device="cuda" if config.device == "cuda" else "cpu")
+        return HFChatModel(config.model[len(HF_PREFIX):], device="cuda" if config.device == "cuda" else "cpu",
+                           gate=generation_gate(config))
     assert config.base_url is not None
     return OpenAIChatModel(OpenAIChatConfig(config.base_url, config.model, config.api_key_env,
                                             config.request_timeout_s, config.retries))
+
+
+def generation_gate(config: BenchConfig) -> DeviceGate | None:
+    """The device gate of the GPU a local model generates on (the first one), when the embedded scheduler evaluates
+    there too: generation then runs beside correctness checks but never while a candidate is timed. A service or
+    Ray cluster may evaluate anywhere: put the model on a GPU of its own there."""
+    if not config.model.startswith(HF_PREFIX) or config.device != "cuda" or config.service or config.ray:
+        return None
+    gpus = discover_gpus()
+    if not gpus:
+        return None
+    path = gpu_gate_path(gpus[0])
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    return DeviceGate(path, None)
 
 
 def open_evaluator(config: BenchConfig) -> tuple[Evaluator, Callable[[], Any]]:

@@ -63,7 +63,7 @@ class Sandbox:
         if device == "cuda" and gpu is None:
             raise ValueError("a cuda sandbox needs the GPU it owns (an index or UUID)")
         self.device, self.gpu = device, gpu
-        self.root = Path(root or tempfile.gettempdir()) / f"drkernel-{os.getuid()}"
+        self.root = sandbox_root(root)
         self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
         # Root's evaluations run as an unprivileged uid (drkernel.sandbox.confine): it must pass through the root to
         # its own working directory (0700, random name) and write the cache; nobody may list the root.
@@ -77,7 +77,7 @@ class Sandbox:
         self.overlap = overlap or (GPU_OVERLAP if device == "cuda" else 1)
         if self.overlap < 1:
             raise ValueError(f"overlap must be at least 1, not {self.overlap}")
-        self.gate = self.root / (f"gate-gpu-{gpu}" if device == "cuda" else f"gate-cpu-{os.getpid()}-{id(self)}")
+        self.gate = gpu_gate_path(gpu, root) if device == "cuda" else self.root / f"gate-cpu-{os.getpid()}-{id(self)}"
         # Triton decides at import whether @triton.jit interprets: the fork server must import it in the right mode.
         self.server = ForkServer(env={"TRITON_INTERPRET": "1", "CUDA_VISIBLE_DEVICES": ""} if device == "cpu" else None)
 
@@ -224,6 +224,16 @@ class DeviceQueue:
             done.set_exception(exc)
         finally:
             self._running.release()
+
+
+def sandbox_root(root: str | Path | None = None) -> Path:
+    """Where sandboxes of this user keep their working directories and their GPUs' gates."""
+    return Path(root or tempfile.gettempdir()) / f"drkernel-{os.getuid()}"
+
+
+def gpu_gate_path(gpu: str, root: str | Path | None = None) -> Path:
+    """The lock file of a GPU's device gate, shared by every sandbox (and local model) of this user on it."""
+    return sandbox_root(root) / f"gate-gpu-{gpu}"
 
 
 def host_memory_mb() -> int:

@@ -27,10 +27,11 @@ WAITING_FILE = "waiting"
 
 
 class DeviceGate:
-    def __init__(self, lock_path: str | Path, workdir: str | Path) -> None:
+    def __init__(self, lock_path: str | Path, workdir: str | Path | None) -> None:
+        self.path = Path(lock_path)
         self._lock = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o600)
         self._turnstile = os.open(f"{lock_path}.turnstile", os.O_RDWR | os.O_CREAT, 0o600)
-        self._waiting = Path(workdir) / WAITING_FILE
+        self._waiting = Path(workdir) / WAITING_FILE if workdir is not None else None  # for a supervisor's clock
         self._yielding: int | None = None  # the mode of a hold that is let go while Triton compiles
         self._compiling = False
 
@@ -58,6 +59,13 @@ class DeviceGate:
             self._yielding, self._compiling = None, False
             fcntl.flock(self._lock, fcntl.LOCK_UN)
 
+    def make_way(self, sync: Callable[[], None]) -> None:
+        """Within a long shared hold (a policy generating beside evaluations), between two of its steps: wait for the
+        work queued so far, let go, and take the lock back behind any timing that waits for it."""
+        sync()
+        fcntl.flock(self._lock, fcntl.LOCK_UN)
+        self._acquire(fcntl.LOCK_SH)
+
     def compile_outside(self, sync: Callable[[], None]) -> None:
         """Let a yielding hold go while Triton compiles (its JIT hooks run before and after each compilation);
         `sync` waits for the work already queued on the device, which must not run beside another's timing."""
@@ -81,7 +89,8 @@ class DeviceGate:
         knobs.runtime.jit_cache_hook, knobs.runtime.jit_post_compile_hook = before, after
 
     def _acquire(self, mode: int) -> None:
-        self._waiting.touch()
+        if self._waiting is not None:
+            self._waiting.touch()
         try:
             fcntl.flock(self._turnstile, fcntl.LOCK_EX)
             try:
@@ -89,4 +98,5 @@ class DeviceGate:
             finally:
                 fcntl.flock(self._turnstile, fcntl.LOCK_UN)
         finally:
-            self._waiting.unlink(missing_ok=True)
+            if self._waiting is not None:
+                self._waiting.unlink(missing_ok=True)
