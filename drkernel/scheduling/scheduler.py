@@ -137,7 +137,8 @@ class Scheduler:
             ]
 
     def wait_ready(self, timeout: float | None = None) -> bool:
-        """Wait until every worker has started (its fork server up); False if one had not within `timeout`."""
+        """Wait until every worker's start-up is over (its fork server up, or the worker gone: the next job starts
+        another); False if one's was not within `timeout`."""
         deadline = None if timeout is None else time.monotonic() + timeout
         for slot in self._slots:
             left = None if deadline is None else max(deadline - time.monotonic(), 0.0)
@@ -192,7 +193,7 @@ class Scheduler:
         log.close()
         slot.process, slot.restarts = process, slot.restarts + 1
         slot.ready = threading.Event()
-        threading.Thread(target=self._read, args=(slot, process), daemon=True).start()
+        threading.Thread(target=self._read, args=(slot, process, slot.ready), daemon=True).start()
         return process
 
     def _feed(self, slot: _Slot) -> None:
@@ -228,12 +229,12 @@ class Scheduler:
         if time.monotonic() - slot.head_since > head.request.options.timeout_s + START_ALLOWANCE_S:
             slot.process.kill()
 
-    def _read(self, slot: _Slot, process: subprocess.Popen[bytes]) -> None:
+    def _read(self, slot: _Slot, process: subprocess.Popen[bytes], ready: threading.Event) -> None:
         assert process.stdout is not None
         for line in _lines(process.stdout):
             message = json.loads(line)
             if "ready" in message:
-                slot.ready.set()
+                ready.set()
                 continue
             with self._cond:
                 job = slot.inflight.pop(message["job"], None)
@@ -243,6 +244,7 @@ class Scheduler:
             if job is not None and not job.future.done():
                 job.future.set_result(EvalResult.from_dict(message["result"]))
         process.wait()
+        ready.set()  # nobody waits for a start-up that will not come
         with self._cond:  # the worker is gone: its jobs go back to the front of the queue
             orphans = [job for job in slot.inflight.values() if job.process is process]
             for job in orphans:

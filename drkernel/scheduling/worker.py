@@ -1,8 +1,9 @@
 """A worker process: owns one device slot, evaluates the jobs its scheduler sends, one at a time.
 
 Protocol on stdin/stdout, one JSON object per line: out `{"ready": pid}` once the sandbox's fork server is up,
-then in `{"job": id, "request": {...}}`, out `{"job": id, "result": {...}}`. The scheduler sends a few jobs at once; while the first runs, the next ones'
-processes are forked and initialise CUDA, so the device does not wait for start-up between evaluations.
+then in `{"job": id, "request": {...}}`, out `{"job": id, "result": {...}}`. The scheduler sends a few jobs at
+once; while the first ones run, the next ones' processes are forked and initialise CUDA, so the device does not
+wait for start-up between evaluations.
 Stdin closing ends the worker and every evaluation it started.
 """
 
