@@ -22,6 +22,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import as_completed
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -113,8 +114,10 @@ def run_batch(pairs: list[tuple[str, EvalRequest]], tag: str, overlap: int | Non
     with Scheduler(device="cuda", overlap=overlap) as scheduler:
         ready = scheduler.wait_ready(timeout=300)
         submitted = time.monotonic()
-        results = scheduler.evaluate_many([r for _, r in pairs],
-                                          on_result=lambda i, _: finished.setdefault(i, time.monotonic() - submitted))
+        futures = {scheduler.submit(request): index for index, (_, request) in enumerate(pairs)}
+        for future in as_completed(futures):  # timed here, once each is done (a done-callback may run after)
+            finished[futures[future]] = time.monotonic() - submitted
+        results = [future.result() for future in futures]
     wall = time.monotonic() - start
     running = max(finished.values())
     rows = {}

@@ -3,9 +3,8 @@
 On CUDA each call is timed with events on the current stream after a spin on the device that lasts longer than the
 host takes to enqueue the flush and the call, then an L2 flush: the start event fires only once the call's kernels
 are all queued, so Python launch overhead (large for Triton kernels, small for PyTorch's) never counts, for either
-side alike, and the call always meets the cache the flush leaves (dirty lines of zeros, as in do_bench), not one
-that had a spin's length to write them back. Every
-timed call gets input values never seen before, written into the same buffers before the flush (outside the timed
+side alike, and the call follows its flush directly, as in do_bench, whatever the spin's length. Every timed call
+gets input values never seen before, written into the same buffers before the flush (outside the timed
 window), so no memo keyed on contents, pointers, versions, shapes or call counts can answer from memory; the outputs
 are checked after the window. A few host-synchronized calls per side add the wall time until the device is idle,
 which exposes work hidden on other streams. The order of reference and candidate alternates between trials so that
@@ -91,8 +90,8 @@ class CallTimer:
         start, end = self._event(enable_timing=True), self._event(enable_timing=True)
         if self.cover_ms:
             self._spin(int(self.cover_ms * self._cycles_per_ms))
+        self._flush.zero_()  # right before the call, whatever the spin's length, as do_bench flushes
         host_start = _perf_counter()
-        self._flush.zero_()  # right before the call, whatever the spin's length: the L2 state do_bench times in
         start.record()
         out = fn(*args)
         end.record()
