@@ -321,7 +321,9 @@ def main(argv: list[str] | None = None) -> int:
         profile = dataclasses.replace(profile, transfer_tasks=args.transfer_tasks)
     if args.shape_scale:
         profile = dataclasses.replace(profile, shape_scale=args.shape_scale)
-    if args.max_tokens:
+    if args.max_tokens is not None:
+        if args.max_tokens < 1:
+            parser.error("--max-tokens must be at least 1")
         profile = dataclasses.replace(profile, max_tokens=args.max_tokens)
     if args.per_gpu < 1:
         parser.error("--per-gpu must be at least 1")
