@@ -26,6 +26,12 @@ def render(result: EvalResult | dict[str, Any], max_chars: int = 4000) -> str:
         if c.atol is not None:
             detail += f" (atol {c.atol:g}, rtol {c.rtol:g}, relative bound {c.rel_error_bound:g})"
         lines.append(detail)
+        if c.precision is not None:
+            q = c.precision
+            lines.append(
+                f"Precision: error against float64 {q.candidate_error:.2g}, the reference's own {q.reference_error:.2g}"
+                f" (ratio {q.ratio:.3g}; rule {q.rule}" + (f", at most {q.factor:g}" if q.rule == "matched" else "")
+                + ")")
     for code in result.hack_reasons:
         lines.append(f"Hack [{code}]: {result.hack_details.get(code, '')}".rstrip())
     if result.error is not None:

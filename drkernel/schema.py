@@ -60,6 +60,19 @@ class Mismatch:
 
 
 @dataclass
+class Precision:
+    """What precision the candidate's outputs show: errors ||out - exact|| / ||exact|| against a float64 evaluation of
+    the reference on the same inputs (one correctness trial, chosen at random), the candidate's and the reference's
+    own, and their ratio (the reference's error floored at its dtype's machine epsilon)."""
+
+    rule: str  # "matched" (a ratio above `factor` is refused: precision_downcast) | "tolerance" (reported only)
+    candidate_error: float
+    reference_error: float
+    ratio: float
+    factor: float
+
+
+@dataclass
 class Correctness:
     trials: int = 0
     passed_trials: int = 0
@@ -69,6 +82,7 @@ class Correctness:
     rtol: float | None = None
     rel_error_bound: float | None = None
     first_mismatch: Mismatch | None = None
+    precision: Precision | None = None
 
 
 @dataclass
@@ -166,6 +180,11 @@ class EvalOptions:
     allow_torch_glue: bool = True  # PyTorch ops around the Triton kernels (KernelBench and the paper allow it)
     min_coverage: float = 0.05  # on a GPU, less of the time than this in the candidate's own kernels is lazy
     profile: bool = True
+    # "matched": the candidate's error against float64 may exceed the reference's own by at most `precision_factor`
+    # (a speedup bought with TF32, float16 or bfloat16 arithmetic is refused); "tolerance": atol/rtol alone, as
+    # KernelBench and the paper judge.
+    precision: str = "matched"
+    precision_factor: float = 10.0
 
     def __post_init__(self) -> None:
         if self.device not in ("auto", "cpu", "cuda"):
@@ -178,6 +197,10 @@ class EvalOptions:
             raise ValueError("correctness_trials and perf_trials must be >= 1, warmup_trials >= 0")
         if not 0.0 <= self.min_coverage <= 1.0:
             raise ValueError("min_coverage must lie in [0, 1]")
+        if self.precision not in ("matched", "tolerance"):
+            raise ValueError(f"precision must be matched or tolerance, not {self.precision!r}")
+        if not self.precision_factor >= 1.0:
+            raise ValueError("precision_factor must be at least 1")
         if self.memory_limit_mb < 256:
             raise ValueError("memory_limit_mb must be at least 256")
 

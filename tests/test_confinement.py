@@ -106,7 +106,7 @@ def test_the_layers_are_applied_and_reported(sandbox: Sandbox, planted: list[str
         assert layers["landlock"].startswith(f"abi {abi}")
     if ROOT:
         assert layers["pid_namespace"] == "private, own /proc"
-        assert result.error.message == "['1', '2']"  # its reaper (PID 1) and itself: no other process
+        assert result.error.message == "['1', '2', '3']"  # the reaper (PID 1), the judge, itself: no other process
         assert layers["uid"] == "65534" or layers["uid"].startswith("0 without capabilities")
     good = sandbox.evaluate(EvalRequest(REFERENCE, GOOD, options()))
     assert good.status == "correct" and good.environment.confinement == layers

@@ -135,7 +135,7 @@ def test_tolerance_overrides_apply() -> None:
 
 
 def test_timing_summary_and_speedup_interval() -> None:
-    samples = timing.Samples(wall_ms=[1.0, 2.0, 3.0, 4.0, 100.0])
+    samples = timing.Samples(event_ms=[1.0, 2.0, 3.0, 4.0, 100.0])
     stats = timing.summarize(samples, "cpu_wall")
     assert stats.median_ms == 3.0 and stats.trials == 5 and stats.min_ms == 1.0
     assert stats.iqr_ms == pytest.approx(2.0)  # quartiles 2 and 4: robust to the outlier
@@ -149,14 +149,14 @@ def test_timing_summary_and_speedup_interval() -> None:
 
 def test_cpu_call_timer_times_wall_clock() -> None:
     timer = timing.CallTimer(torch.device("cpu"))
-    samples = timing.Samples()
-    out = timer.enqueue(lambda a: a * 2, [torch.ones(3)], samples)
-    assert torch.equal(out, torch.full((3,), 2.0)) and len(samples.wall_ms) == 1 and not samples.event_ms
+    out, elapsed_ms, host_ms = timer.timed(lambda a: a * 2, [torch.ones(3)])
+    assert torch.equal(out, torch.full((3,), 2.0)) and elapsed_ms == host_ms >= 0
 
 
 def test_cuda_call_timer_spins_then_flushes_right_before_the_timed_call() -> None:
-    """The order of what a timed call enqueues on the device (GPU calls stood in for by recorders): the spin that
-    hides the host first, then the flush, so the call meets the same cache whatever the spin's length."""
+    """The order of what a timed call enqueues on the device (GPU calls stood in for by recorders): no persisting L2
+    lines, the spin that hides the host, then the flush, so the call meets the same cache whatever the spin's
+    length."""
     order: list[str] = []
 
     class Event:
@@ -166,15 +166,24 @@ def test_cuda_call_timer_spins_then_flushes_right_before_the_timed_call() -> Non
         def record(self) -> None:
             order.append("record")
 
+        def elapsed_time(self, other: "Event") -> float:
+            return 1.0
+
+    class L2:
+        def clear(self) -> None:
+            order.append("clear l2")
+
+        def tampered(self) -> bool:
+            return True
+
     timer = timing.CallTimer(torch.device("cpu"))
     timer.cuda, timer.cover_ms, timer._cycles_per_ms = True, 0.5, 1000.0
-    timer._event = Event
+    timer._event, timer._l2, timer._sync = Event, L2(), lambda: order.append("sync")
     timer._spin = lambda cycles: order.append(f"spin {cycles}")
     timer._flush = type("Flush", (), {"zero_": lambda self: order.append("flush")})()
-    samples = timing.Samples()
-    timer.enqueue(lambda: order.append("call"), [], samples)
-    assert order == ["spin 500", "flush", "record", "call", "record"]
-    assert len(samples.pending) == 1 and len(samples.host_ms) == 1
+    _, elapsed_ms, _ = timer.timed(lambda: order.append("call"), [])
+    assert order == ["clear l2", "spin 500", "flush", "record", "call", "record", "sync"]
+    assert elapsed_ms == 1.0 and timer.l2_tampered  # a persisting-L2 setting changed by the call is noticed
 
 
 def test_coverage_counts_only_exactly_named_own_kernels() -> None:

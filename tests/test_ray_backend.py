@@ -87,7 +87,7 @@ def test_an_actor_prepares_the_next_evaluations_and_runs_one_at_a_time() -> None
         futures = [backend.submit(r) for r, _ in requests]
         while not all(f.done() for f in futures):
             most_prepared = max(most_prepared, jobs_with("request.json"))
-            most_running = max(most_running, jobs_with("stdout.txt"))
+            most_running = max(most_running, jobs_with("subject/stdout.txt"))  # the candidate's output
             time.sleep(0.05)
         results = [f.result() for f in futures]
     finally:

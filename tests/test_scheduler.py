@@ -52,7 +52,7 @@ def stalled(seconds: float) -> str:
 
 def started(root: Path) -> bool:
     """Whether a stalled candidate has started, in a sandbox whose temporary folder is `root` (TMPDIR)."""
-    for output in root.glob("drkernel-*/job-*/stdout.txt"):
+    for output in root.glob("drkernel-*/job-*/subject/stdout.txt"):  # the candidate's process writes there
         with contextlib.suppress(OSError):  # its job may end and vanish meanwhile
             if STARTED in output.read_text(errors="replace"):
                 return True

@@ -8,6 +8,7 @@ import re
 import subprocess
 import sys
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import IO, Any
 
@@ -37,8 +38,22 @@ class JobHandle:
     finished: threading.Event = field(default_factory=threading.Event)
     pid: int | None = None
     status: int | None = None  # raw wait status; None when the fork server died first
+    # What the judge reported, on a pipe only it holds (never a file the candidate could write):
+    started: bool = False  # the evaluation has begun (a fork server's death from here on is its doing)
+    waiting: bool = False  # it waits for its GPU while others use it: not its time
+    result: dict[str, Any] | None = None  # its verdict
+    result_at: float | None = None  # monotonic time the verdict arrived
     server_died: bool = False
     server: Any = None  # the zygote process that owns the job
+
+
+def _take_event(job: JobHandle, event: dict[str, Any]) -> None:
+    if "waiting" in event:
+        job.waiting = bool(event["waiting"])
+    elif "started" in event:
+        job.started = True
+    elif isinstance(event.get("result"), dict):
+        job.result, job.result_at = event["result"], time.monotonic()
 
 
 class ForkServerDied(RuntimeError):
@@ -105,6 +120,8 @@ class ForkServer:
             if "pid" in message:
                 job.pid = message["pid"]
                 job.spawned.set()
+            elif "event" in message:
+                _take_event(job, message["event"])
             else:
                 job.status = message["status"]
                 with self._lock:

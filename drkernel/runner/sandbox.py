@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from drkernel.sandbox import procfs
-from drkernel.sandbox.gate import GATE_FILE, WAITING_FILE
+from drkernel.sandbox.gate import GATE_FILE
 from drkernel.runner.forkserver import ForkServer, ForkServerDied, JobHandle
 from drkernel.schema import ErrorInfo, EvalRequest, EvalResult, Status
 
@@ -143,10 +143,10 @@ class Sandbox:
         deadline = start + options.timeout_s
         limit_bytes = self.memory_limit_mb(prepared.request) << 20
         outcome = "done"
-        waiting, last = workdir / WAITING_FILE, start
+        last = start
         while not handle.finished.wait(WATCH_INTERVAL_S):
             now = time.monotonic()
-            if waiting.exists():  # waiting for the GPU while others use it is not the evaluation's time
+            if handle.waiting:  # waiting for the GPU while others use it is not the evaluation's time
                 deadline += now - last
             last = now
             if now > deadline:
@@ -158,9 +158,14 @@ class Sandbox:
             procfs.kill_group(handle.pid)
             handle.finished.wait(KILL_GRACE_S)
             break
+        if outcome == "done":  # a subject the judge could not signal (Landlock's scopes) ends with its group
+            try:
+                os.killpg(handle.pid, signal.SIGKILL)
+            except OSError:
+                pass
         if handle.server_died:
             procfs.kill_group(handle.pid)
-            if not (workdir / "started").exists():
+            if not handle.started:
                 raise _NeverStarted
             outcome = "server_died"
         result = self._result(outcome, handle, workdir, options.timeout_s, self.memory_limit_mb(prepared.request))
@@ -168,14 +173,15 @@ class Sandbox:
         return result
 
     def _result(self, outcome: str, handle: JobHandle, workdir: Path, timeout_s: float, memory_mb: int) -> EvalResult:
-        result_file = workdir / "result.json"
-        if outcome == "done" and result_file.exists():
+        """Only the judge's report is a verdict; a judge that ended without one has been brought down."""
+        if outcome == "done" and handle.result is not None:
             try:
-                result = EvalResult.from_json(result_file.read_text())
-                result.phases_s["exit"] = round(time.time() - result_file.stat().st_mtime, 4)  # process teardown
-                return result
-            except ValueError as exc:
-                return _crashed("CorruptResult", f"the evaluation wrote an unreadable result: {exc}", workdir)
+                result = EvalResult.from_dict(handle.result)
+            except (TypeError, ValueError) as exc:
+                return _crashed("CorruptResult", f"the evaluation reported an unreadable result: {exc}", workdir)
+            if handle.result_at is not None:
+                result.phases_s["exit"] = round(time.monotonic() - handle.result_at, 4)  # process teardown
+            return result
         if outcome == "timeout":
             result = _crashed("Timeout", f"the evaluation exceeded its {timeout_s:g} s time limit", workdir)
             result.status = Status.TIMEOUT.value
@@ -246,15 +252,18 @@ def memory_share_mb(processes: float) -> int:
 
 
 def _crashed_by_status(status: int | None, workdir: Path) -> EvalResult:
+    """The judge ended without a verdict. It never runs candidate code: a signal that killed it came from the
+    candidate's process (or the machine), and nothing else it left counts."""
     if status is not None and os.WIFSIGNALED(status):
         sig = os.WTERMSIG(status)
         name = signal.Signals(sig).name if sig in signal.Signals._value2member_map_ else str(sig)
-        return _crashed("Signal", f"the evaluation process was killed by {name} ({signal.strsignal(sig)})", workdir)
+        result = _crashed("KilledHarness", f"the evaluation's judge was killed by {name} ({signal.strsignal(sig)})",
+                          workdir)
+        result.hack_reasons = ["killed_harness"]
+        result.hack_details = {"killed_harness": "the process that judges the candidate was killed: a failure."}
+        return result
     code = os.WEXITSTATUS(status) if status is not None else None
-    result = _crashed("Exit", f"the evaluation process exited with code {code} before reporting a result", workdir)
-    result.hack_reasons = ["exit_called"]
-    result.hack_details = {"exit_called": "the candidate ended the process (os._exit or similar): a failure."}
-    return result
+    return _crashed("Exit", f"the evaluation's judge exited with code {code} before reporting a result", workdir)
 
 
 def _crashed(kind: str, message: str, workdir: Path) -> EvalResult:
@@ -266,7 +275,7 @@ def _crashed(kind: str, message: str, workdir: Path) -> EvalResult:
 
 def _output_tail(workdir: Path) -> str:
     parts = []
-    for name in ("stderr.txt", "stdout.txt"):
+    for name in ("stderr.txt", "stdout.txt", "subject/stderr.txt", "subject/stdout.txt"):
         try:
             text = (workdir / name).read_text(errors="replace")
         except OSError:

@@ -267,3 +267,51 @@ def degeneracy(first: torch.Tensor, second: torch.Tensor) -> str | None:
         if change < 1e-3:
             return f"the reference output barely changes with its inputs (relative change {change:.2g})"
     return None
+
+
+# -- precision: errors against a float64 evaluation -------------------------------------------------------------
+
+# Unit roundoff of the arithmetic a kernel may really have used, widest first: named in precision feedback.
+ARITHMETIC = (("float64", 2.0 ** -53), ("float32", 2.0 ** -24), ("tf32 or float16", 2.0 ** -11),
+              ("bfloat16", 2.0 ** -8))
+
+
+def errors_against(exact: Any, ref_out: Any, cand_out: Any) -> tuple[float, float, torch.dtype] | None:
+    """(candidate's error, reference's error, the outputs' dtype): the largest ||x - exact|| / ||exact|| over the
+    floating outputs; None when no output is floating."""
+    worst: tuple[float, float, torch.dtype] | None = None
+    for e, r, c in zip(flatten_outputs(exact), flatten_outputs(ref_out), flatten_outputs(cand_out)):
+        if not (isinstance(e, torch.Tensor) and isinstance(r, torch.Tensor) and r.dtype.is_floating_point):
+            continue
+        cand_err, ref_err = relative_error(c, e), relative_error(r, e)
+        if worst is None or cand_err > worst[0]:
+            worst = (cand_err, ref_err, r.dtype)
+    return worst
+
+
+def relative_error(value: torch.Tensor, exact: torch.Tensor) -> float:
+    """||value - exact|| / ||exact|| in float64, chunk by chunk (outputs of several GB)."""
+    v, e = value.detach().reshape(-1), exact.detach().reshape(-1)
+    diff_sq = ref_sq = 0.0
+    for start in range(0, e.numel(), COMPARE_CHUNK):
+        ec = e[start:start + COMPARE_CHUNK].to(torch.float64)
+        vc = v[start:start + COMPARE_CHUNK].to(torch.float64)
+        diff_sq += float(torch.linalg.vector_norm(vc - ec)) ** 2
+        ref_sq += float(torch.linalg.vector_norm(ec)) ** 2
+    if ref_sq == 0:
+        return 0.0 if diff_sq == 0 else math.inf
+    return math.sqrt(diff_sq / ref_sq)
+
+
+def bits(error: float) -> float:
+    """Correct bits that a relative error leaves."""
+    return -math.log2(error) if error > 0 else 53.0
+
+
+def arithmetic_like(error: float) -> str:
+    """The arithmetic whose roundoff lies nearest an error of this size (on a log scale: the boundaries are the
+    geometric means of neighbouring roundoffs; past bfloat16's by 8x, worse than it)."""
+    for (name, roundoff), (_, narrower) in zip(ARITHMETIC, ARITHMETIC[1:] + (("", ARITHMETIC[-1][1] * 64),)):
+        if error <= math.sqrt(roundoff * narrower):
+            return name
+    return "worse than bfloat16"

@@ -16,21 +16,26 @@ from drkernel.schema import KernelTime, Profile
 TOP_KERNELS = 8
 
 
-def profile_cuda(call: Callable[[], Any], own_names: set[str], repeats: int = 3) -> Profile:
+def profile_cuda(calls: list[Callable[[], Any]], own_names: set[str],
+                 after: Callable[[Any], None] | None = None) -> Profile:
+    """Profile `calls` (one forward each, on inputs of their own), each in a profiling session of its own so that
+    `after` can take its output (a candidate may reuse one output buffer) outside the profiled window."""
     from torch.profiler import ProfilerActivity, profile
 
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        for _ in range(repeats):
-            call()
-        torch.cuda.synchronize()
     times: dict[str, float] = defaultdict(float)
-    calls: dict[str, int] = defaultdict(int)
-    for event in prof.events():
-        if event.device_type == torch.autograd.DeviceType.CUDA:
-            times[event.name] += event.time_range.elapsed_us()
-            calls[event.name] += 1
-    return coverage_profile(times, calls, own_names, repeats)
+    counts: dict[str, int] = defaultdict(int)
+    for call in calls:
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            out = call()
+            torch.cuda.synchronize()
+        for event in prof.events():
+            if event.device_type == torch.autograd.DeviceType.CUDA:
+                times[event.name] += event.time_range.elapsed_us()
+                counts[event.name] += 1
+        if after is not None:
+            after(out)
+    return coverage_profile(times, counts, own_names, len(calls))
 
 
 def coverage_profile(

@@ -1,14 +1,13 @@
-"""Timing of reference and candidate, interleaved in one process on one device.
+"""Timing of one side's calls, in its own process: the reference's in the judge, the candidate's in the subject.
 
 On CUDA each call is timed with events on the current stream after a spin on the device that lasts longer than the
 host takes to enqueue the flush and the call, then an L2 flush: the start event fires only once the call's kernels
 are all queued, so Python launch overhead (large for Triton kernels, small for PyTorch's) never counts, for either
-side alike, and the call follows its flush directly, as in do_bench, whatever the spin's length. Every timed call
-gets input values never seen before, written into the same buffers before the flush (outside the timed
-window), so no memo keyed on contents, pointers, versions, shapes or call counts can answer from memory; the outputs
-are checked after the window. A few host-synchronized calls per side add the wall time until the device is idle,
-which exposes work hidden on other streams. The order of reference and candidate alternates between trials so that
-drift hits both alike. The speedup is the ratio of medians with a bootstrap confidence interval over trials.
+side alike, and the call follows its flush directly, as in do_bench, whatever the spin's length. Before every timed
+call no L2 line persists and the persisting carve-out is zero (a kernel that parks its weights in L2 across calls
+gains nothing); after it, a changed setting is reported. The judge dictates the spin of both sides, alternates them
+trial by trial and refills the inputs with values never seen before (drkernel.sandbox.judge). The speedup is the
+ratio of medians with a bootstrap confidence interval over trials.
 """
 
 from __future__ import annotations
@@ -28,7 +27,6 @@ L2_FLUSH_BYTES = 256 * 1024 * 1024  # several times the L2 of any current GPU (H
 _perf_counter = time.perf_counter  # the harness's own references: a candidate patching time.* changes nothing here
 
 
-SYNCED_CALLS = 3  # host-synchronized calls per side, to compare events with wall time
 COVER_FACTOR = 3.0  # the device spin lasts this many times the slowest host enqueue seen in the warm-up
 COVER_MARGIN_MS = 0.05
 COVER_MAX_MS = 20.0  # a call whose host side takes longer than this has its host time counted, as it would in use
@@ -36,33 +34,36 @@ COVER_MAX_MS = 20.0  # a call whose host side takes longer than this has its hos
 
 @dataclass
 class Samples:
-    event_ms: list[float] = field(default_factory=list)  # CUDA: pipelined calls, GPU time between events
-    wall_ms: list[float] = field(default_factory=list)  # CPU: wall time per call; CUDA: host-synchronized calls
-    synced_event_ms: list[float] = field(default_factory=list)  # CUDA: events of the host-synchronized calls
-    host_ms: list[float] = field(default_factory=list)  # CUDA: host time to enqueue each timed call
-    pending: list[tuple[Any, Any]] = field(default_factory=list, repr=False)
+    event_ms: list[float] = field(default_factory=list)  # CUDA: GPU time between events; CPU: wall time per call
+    wall_ms: list[float] = field(default_factory=list)  # CUDA: the judge's wall-clock view of each timed call
 
     @property
     def primary(self) -> list[float]:
-        return self.event_ms or self.wall_ms
+        return self.event_ms
+
+
+def cover_for(host_ms: list[float]) -> float:
+    """The device spin (ms) that outlasts the host's enqueueing of a call, from the host times of untimed calls."""
+    return min(COVER_MAX_MS, COVER_FACTOR * max(host_ms) + COVER_MARGIN_MS) if host_ms else 0.0
 
 
 class CallTimer:
-    """Times calls. On CUDA, each timed call is preceded on the device by a spin (`cover_ms`) that outlasts the
-    host's enqueueing of the flush and the call, then by an L2 flush, so the start event fires when the call's
-    kernels are already queued: the events see GPU time only, whether the device was idle or busy when the call
-    began."""
+    """Times calls one at a time. On CUDA, each timed call is preceded on the device by a spin (`cover_ms`) that
+    outlasts the host's enqueueing of the flush and the call, then by an L2 flush, so the start event fires when the
+    call's kernels are already queued: the events see GPU time only."""
 
     def __init__(self, device: torch.device) -> None:
         self.cuda = device.type == "cuda"
         self.stream = 0
         self.cover_ms = 0.0
+        self.l2_tampered = False  # a persisting-L2 setting was found changed after a call
         if self.cuda:
             self._flush = torch.empty(L2_FLUSH_BYTES, dtype=torch.uint8, device=device)
             self._event = torch.cuda.Event
             self._sync = torch.cuda.synchronize
             self._spin = torch.cuda._sleep
             self.stream = torch.cuda.current_stream().cuda_stream  # the stream the events time
+            self._l2 = PersistingL2(self.stream)
             self._cycles_per_ms = self._spin_rate()
 
     def _spin_rate(self) -> float:
@@ -76,17 +77,14 @@ class CallTimer:
         self._sync()
         return cycles / max(start.elapsed_time(end), 1e-3)
 
-    def cover(self, host_ms: list[float]) -> None:
-        """Set the device spin from the host enqueue times of untimed calls of both sides."""
-        if host_ms:
-            self.cover_ms = min(COVER_MAX_MS, COVER_FACTOR * max(host_ms) + COVER_MARGIN_MS)
-
-    def enqueue(self, fn: Callable[..., Any], args: list[Any], samples: Samples) -> Any:
+    def timed(self, fn: Callable[..., Any], args: list[Any]) -> tuple[Any, float, float]:
+        """(output, milliseconds of the call, host milliseconds to enqueue it), the device idle on return."""
         if not self.cuda:
             start = _perf_counter()
             out = fn(*args)
-            samples.wall_ms.append((_perf_counter() - start) * 1e3)
-            return out
+            elapsed = (_perf_counter() - start) * 1e3
+            return out, elapsed, elapsed
+        self._l2.clear()
         start, end = self._event(enable_timing=True), self._event(enable_timing=True)
         if self.cover_ms:
             self._spin(int(self.cover_ms * self._cycles_per_ms))
@@ -95,77 +93,47 @@ class CallTimer:
         start.record()
         out = fn(*args)
         end.record()
-        samples.host_ms.append((_perf_counter() - host_start) * 1e3)
-        samples.pending.append((start, end))
-        return out
+        host_ms = (_perf_counter() - host_start) * 1e3
+        self._sync()
+        self.l2_tampered |= self._l2.tampered()
+        return out, start.elapsed_time(end), host_ms
 
-    def untimed(self, fn: Callable[..., Any], args: list[Any], host_ms: list[float]) -> Any:
-        """A warm-up call; on CUDA, its host enqueue time is recorded for `cover`."""
+    def untimed(self, fn: Callable[..., Any], args: list[Any]) -> tuple[Any, float]:
+        """A warm-up call and its host enqueue time (for `cover_for`)."""
         start = _perf_counter()
         out = fn(*args)
-        host_ms.append((_perf_counter() - start) * 1e3)
-        return out
-
-    def collect(self, samples: Samples) -> None:
-        """Wait for the enqueued calls and read their events."""
-        if self.cuda:
-            self._sync()
-            samples.event_ms += [start.elapsed_time(end) for start, end in samples.pending]
-            samples.pending.clear()
-
-    def synced(self, fn: Callable[..., Any], args: list[Any], samples: Samples) -> None:
-        """One call timed both by events and by the host clock until the whole device is idle."""
-        start, end = self._event(enable_timing=True), self._event(enable_timing=True)
-        self._flush.zero_()
-        self._sync()
-        wall_start = _perf_counter()
-        start.record()
-        fn(*args)
-        end.record()
-        self._sync()
-        samples.wall_ms.append((_perf_counter() - wall_start) * 1e3)
-        samples.synced_event_ms.append(start.elapsed_time(end))
+        return out, (_perf_counter() - start) * 1e3
 
 
-def time_interleaved(
-    timer: CallTimer,
-    reference: Callable[..., Any],
-    candidate: Callable[..., Any],
-    fresh_args: Callable[[], list[Any]],
-    trials: int,
-    warmup: int,
-    on_outputs: Callable[[int, Any, Any], None] | None = None,
-) -> tuple[Samples, Samples]:
-    """Time both sides `trials` times, alternating which goes first. `fresh_args()` is called before every call
-    pair (warm-up, timed and host-synchronized alike) and must give inputs with values never used before; both sides
-    of a trial see the same ones. `on_outputs(trial, ref_out, cand_out)` checks a trial's outputs after its timed
-    window. On CUDA, a few host-synchronized calls per side follow."""
-    host_ms: list[float] = []
-    for _ in range(warmup):
-        args = fresh_args()
-        timer.untimed(reference, args, host_ms)
-        timer.untimed(candidate, args, host_ms)
-    timer.cover(host_ms[2:] or host_ms)  # the first pair may still compile or autotune
-    ref, cand = Samples(), Samples()
-    for trial in range(trials):
-        args = fresh_args()
-        if trial % 2 == 0:
-            ref_out = timer.enqueue(reference, args, ref)
-            cand_out = timer.enqueue(candidate, args, cand)
-        else:
-            cand_out = timer.enqueue(candidate, args, cand)
-            ref_out = timer.enqueue(reference, args, ref)
-        if on_outputs is not None:
-            on_outputs(trial, ref_out, cand_out)
-        del ref_out, cand_out
-    timer.collect(ref)
-    timer.collect(cand)
-    if timer.cuda:
-        for _ in range(SYNCED_CALLS):
-            args = fresh_args()
-            timer.synced(reference, args, ref)
-            timer.synced(candidate, args, cand)
-    return ref, cand
+class PersistingL2:
+    """The persisting-L2 controls of this process's CUDA context, through the driver (libcuda, which CUDA itself has
+    loaded): the carve-out for persisting lines (kept at zero), the lines marked persisting (reset), the timed
+    stream's access-policy window (cleared)."""
+
+    LIMIT_PERSISTING_L2_CACHE_SIZE = 0x06
+    ATTRIBUTE_ACCESS_POLICY_WINDOW = 1
+    VALUE_BYTES = 64  # CUstreamAttrValue: a union of at most 64 bytes
+
+    def __init__(self, stream: int) -> None:
+        import ctypes
+
+        self._ctypes = ctypes
+        self._driver = ctypes.CDLL("libcuda.so.1")
+        self._stream = ctypes.c_void_p(stream)
+        self._empty = (ctypes.c_ubyte * self.VALUE_BYTES)()
+        self.clear()
+
+    def clear(self) -> None:
+        self._driver.cuCtxSetLimit(self.LIMIT_PERSISTING_L2_CACHE_SIZE, self._ctypes.c_size_t(0))
+        self._driver.cuCtxResetPersistingL2Cache()
+        self._driver.cuStreamSetAttribute(self._stream, self.ATTRIBUTE_ACCESS_POLICY_WINDOW, self._empty)
+
+    def tampered(self) -> bool:
+        limit = self._ctypes.c_size_t(0)
+        window = (self._ctypes.c_ubyte * self.VALUE_BYTES)()
+        self._driver.cuCtxGetLimit(self._ctypes.byref(limit), self.LIMIT_PERSISTING_L2_CACHE_SIZE)
+        self._driver.cuStreamGetAttribute(self._stream, self.ATTRIBUTE_ACCESS_POLICY_WINDOW, window)
+        return limit.value != 0 or any(window)
 
 
 def summarize(samples: Samples, method: str) -> TimingStats:
@@ -178,7 +146,7 @@ def summarize(samples: Samples, method: str) -> TimingStats:
         min_ms=min(values),
         trials=len(values),
         method=method,
-        wall_median_ms=statistics.median(samples.wall_ms) if samples.event_ms else None,
+        wall_median_ms=statistics.median(samples.wall_ms) if samples.wall_ms else None,
     )
 
 

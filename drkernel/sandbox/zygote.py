@@ -1,16 +1,20 @@
-"""Fork server: imports torch and triton once, never touches CUDA, and forks one process per evaluation.
+"""Fork server: imports torch and triton once, never touches CUDA, and forks one evaluation per request.
 
 Protocol on stdin/stdout, one JSON object per line:
   supervisor -> zygote  {"id", "workdir", "device": "cuda"|"cpu", "gpu", "memory_limit_mb", "triton_cache"}
-  zygote -> supervisor  {"ready": pid} once; {"id", "pid"} after each fork; {"id", "status"} when it exits
-The child prepares (hardening, CUDA initialisation, confinement), waits for the file `go` in its working directory,
-evaluates `request.json` and writes `result.json`. Exit statuses are raw wait statuses.
+  zygote -> supervisor  {"ready": pid} once; {"id", "pid"} after each fork; {"id", "event": {...}} for what the
+                        judge reports ({"started"}, {"waiting": bool}, {"result": {...}}); {"id", "status"} when it
+                        exits (a raw wait status)
+An evaluation is two processes. The judge (drkernel.sandbox.judge) forks the subject (drkernel.sandbox.subject)
+before either touches CUDA; both prepare (hardening, CUDA initialisation, confinement: the subject writes only in
+its scratch folder), then the judge waits for the file `go` in its working directory, evaluates `request.json`, and
+reports on a pipe that only it holds: the subject never has it, and the judge is not dumpable, so the subject can
+reach neither its descriptors nor its memory. Nothing the subject writes is read as a result or a signal.
 
 Where the kernel allows (root), each evaluation gets a PID namespace of its own: the forked process is its PID 1,
-mounts a /proc of that namespace, forks the evaluation (PID 2) and becomes a small reaper (`REAPER`, exec'd so that
-it holds none of torch's memory) that hands the evaluation's wait status back through a pipe. PID 1 of a namespace
-ignores the signals its namespace sends it, so the evaluation itself must not be PID 1: a candidate killing itself
-still dies, one killing its parent cannot.
+mounts a /proc of that namespace, forks the judge (PID 2) and becomes a small reaper (`REAPER`, exec'd so that it
+holds none of torch's memory) that hands the judge's wait status back through a pipe; when it ends, the kernel ends
+every process left in the namespace.
 """
 
 from __future__ import annotations
@@ -30,11 +34,13 @@ import torch
 import torch.profiler  # noqa: F401  (imported once here, not in every evaluation)
 import triton.testing  # noqa: F401
 
-from drkernel.sandbox import confine, isolate, pipeline, procfs
+from drkernel.sandbox import audit, channel, confine, isolate, judge, procfs, subject
 from drkernel.sandbox.gate import DeviceGate
 from drkernel.schema import EvalRequest, EvalResult, Status
 
 GO_POLL_S = 0.002
+PR_SET_DUMPABLE = 4
+SCRATCH = "subject"  # the subject's folder inside the working directory: the only place it writes (and the cache)
 
 
 REAPER = """
@@ -48,26 +54,29 @@ while True:
 """
 
 
-def namespace_init(job: dict[str, Any], inherited_fds: list[int], report_fd: int) -> None:
-    """PID 1 of the evaluation's PID namespace: mount its /proc, fork the evaluation, become the reaper."""
+def namespace_init(job: dict[str, Any], inherited_fds: list[int], report_fd: int, status_fd: int) -> None:
+    """PID 1 of the evaluation's PID namespace: mount its /proc, fork the judge, become the reaper."""
     try:
         os.chdir(job["workdir"])
         isolate.detach(0)  # the fork server is outside the namespace: its pid reads as 0 from here
         confine.mount_private_proc()
     except BaseException as exc:
-        _write_result(EvalResult.failure(Status.INVALID, "SandboxError", f"sandbox set-up failed: {exc!r}"))
+        _report_result(report_fd, EvalResult.failure(Status.INVALID, "SandboxError", f"sandbox set-up failed: {exc!r}"))
         os._exit(0)
     evaluation = os.fork()
     if evaluation == 0:
-        os.close(report_fd)
-        child_main(job, 1, inherited_fds, private_proc=True)
+        os.close(status_fd)
+        child_main(job, 1, inherited_fds, report_fd, private_proc=True)
+    os.close(report_fd)
     null = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null, 0)  # the reaper holds none of the fork server's pipes
-    os.set_inheritable(report_fd, True)
-    os.execv(sys.executable, [sys.executable, "-S", "-I", "-c", REAPER, str(evaluation), str(report_fd)])
+    os.set_inheritable(status_fd, True)
+    os.execv(sys.executable, [sys.executable, "-S", "-I", "-c", REAPER, str(evaluation), str(status_fd)])
 
 
-def child_main(job: dict[str, Any], parent_pid: int, inherited_fds: list[int], private_proc: bool = False) -> None:
+def child_main(job: dict[str, Any], parent_pid: int, inherited_fds: list[int], report_fd: int,
+               private_proc: bool = False) -> None:
+    """The judge's process: set up, fork the subject, prepare, wait for the start signal, evaluate, report."""
     workdir = job["workdir"]
     try:
         isolate.detach(parent_pid, new_session=not private_proc)  # in a namespace, PID 1 leads the group
@@ -88,24 +97,33 @@ def child_main(job: dict[str, Any], parent_pid: int, inherited_fds: list[int], p
 
         faulthandler.enable(file=sys.stderr, all_threads=False)
         device = torch.device("cpu") if cpu else torch.device("cuda", 0)
-        try:
-            if not cpu:
-                torch.cuda.init()
-            pipeline.warm_up(device)
-        except Exception as exc:
-            raise isolate.blame_address_space("CUDA" if not cpu else "the evaluation", exc) from exc
-        gate = DeviceGate.for_workdir(Path(workdir))  # its lock files lie outside what confinement leaves readable
+        scratch = Path(workdir) / SCRATCH
+        scratch.mkdir(mode=0o700)
+        os.chmod(workdir, 0o711)  # the subject, confined to its scratch folder, passes through, lists nothing
+        gate_named = (Path(workdir) / "gate").exists()
+        judge_end, subject_end = channel.pair()
+        subject_pid = os.fork()
+        if subject_pid == 0:
+            judge_end.close()
+            os.close(report_fd)
+            subject_main(job, scratch, subject_end, device, os.getppid(), private_proc, gate_named)
+        subject_end.close()
+        ctypes.CDLL(None).prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)  # the subject cannot trace it or open its descriptors
+        _prepare(device)
+        gate = DeviceGate.for_workdir(Path(workdir), lambda waiting: channel.report(report_fd, {"waiting": waiting}))
         started = time.perf_counter()
         confinement = confine.confine(workdir, job["triton_cache"], private_proc)
         confinement["pid_namespace"] = "private, own /proc" if private_proc else job["pid_namespace"]
         confine_s = time.perf_counter() - started
         while not os.path.exists("go"):
             time.sleep(GO_POLL_S)
-        Path("started").touch()  # from here on, a death of the fork server is this evaluation's doing
+        channel.report(report_fd, {"started": True})  # a death of the fork server is now this evaluation's doing
         start_latency = time.time() - float(Path("go").read_text() or "nan")
         request = EvalRequest.from_dict(json.loads(Path("request.json").read_text()))
-        result = pipeline.evaluate(request, Path(workdir), device, gate)
-        result.phases_s["start_latency"] = round(start_latency, 4)  # from the start signal to the pipeline
+        link = judge.SubjectLink(channel.Channel(judge_end), subject_pid, scratch, device, judge.guards.Findings(),
+                                 gate)
+        result = judge.evaluate(request, Path(workdir), device, gate, link)
+        result.phases_s["start_latency"] = round(start_latency, 4)  # from the start signal to the judge
         result.phases_s["confine"] = round(confine_s, 4)  # before the start signal, overlapped with others' runs
         if result.environment is not None:
             result.environment.confinement = confinement
@@ -114,22 +132,58 @@ def child_main(job: dict[str, Any], parent_pid: int, inherited_fds: list[int], p
     except isolate.LimitTooLow as exc:
         result = EvalResult.failure(Status.INVALID, "LimitTooLow", str(exc))
     except BaseException as exc:  # set-up failed before the candidate ran: the harness's problem, say so
-        result = EvalResult.failure(Status.INVALID, "SandboxError", f"sandbox set-up failed: {exc!r}")
-    _write_result(result)
+        import traceback as _t
+        result = EvalResult.failure(Status.INVALID, "SandboxError", f"sandbox set-up failed: {exc!r}", _t.format_exc())
+    _report_result(report_fd, result)
     os._exit(0)
 
 
-def _write_result(result: EvalResult) -> None:
+def subject_main(job: dict[str, Any], scratch: Path, conn: Any, device: torch.device, judge_pid: int,
+                 private_proc: bool, gate_named: bool) -> None:
+    """The subject's process: its own output files, folder and confinement; then it serves the judge's requests."""
+    code = 0
     try:
-        text = result.to_json()
+        isolate.detach(judge_pid, new_session=False)  # dies with the judge, stays in its process group
+        isolate.redirect_output(str(scratch))
+        os.chdir(scratch)
+        os.environ.update(HOME=str(scratch), TMPDIR=str(scratch))
+        tempfile.tempdir = str(scratch)
+        _prepare(device)
+        confine.confine(str(scratch), job["triton_cache"], private_proc)
+        subject.serve(channel.Channel(conn), scratch, device, gate_hooks=gate_named and device.type == "cuda")
+    except channel.ChannelClosed:  # the judge is done with it
+        pass
+    except BaseException:
+        import traceback
+
+        traceback.print_exc()
+        code = 1
+    os._exit(code)
+
+
+def _prepare(device: torch.device) -> None:
+    try:
+        if device.type == "cuda":
+            torch.cuda.init()
+        judge.warm_up(device)
+    except Exception as exc:
+        raise isolate.blame_address_space("CUDA" if device.type == "cuda" else "the evaluation", exc) from exc
+
+
+def _report_result(report_fd: int, result: EvalResult) -> None:
+    try:
+        text = result.to_dict()
     except (TypeError, ValueError) as exc:  # never blame the candidate for the harness's own failure
-        text = EvalResult.failure(Status.INVALID, "SandboxError", f"unserialisable result: {exc}").to_json()
-    tmp = Path("result.json.tmp")
-    tmp.write_text(text)
-    tmp.rename("result.json")
+        text = EvalResult.failure(Status.INVALID, "SandboxError", f"unserialisable result: {exc}").to_dict()
+    try:
+        channel.report(report_fd, {"result": text})
+    except (TypeError, ValueError) as exc:
+        channel.report(report_fd, {"result": EvalResult.failure(
+            Status.INVALID, "SandboxError", f"unserialisable result: {exc}").to_dict()})
 
 
 def serve() -> None:
+    audit.AUDIT.install()  # inherited by every evaluation; it acts in the subject, once it knows the candidate's file
     me = os.getpid()
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_w, False)
@@ -137,15 +191,18 @@ def serve() -> None:
     signal.signal(signal.SIGCHLD, lambda *_: None)
     own_pid_namespace = os.open("/proc/self/ns/pid", os.O_RDONLY | os.O_CLOEXEC)
     no_namespace = _pid_namespace_unavailable(own_pid_namespace)
-    jobs: dict[int, tuple[str, int | None]] = {}  # pid -> (job id, read end of the reaper's report)
+    jobs: dict[int, tuple[str, int | None, int]] = {}  # pid -> (job id, the reaper's status pipe, the judge's reports)
+    reports: dict[int, tuple[str, bytearray]] = {}  # the judge's report pipe -> (job id, an unfinished line)
     send, proto_fd = _sender()
     send({"ready": me})
     pending = b""
     while True:
-        readable, _, _ = select.select([0, wake_r], [], [])
+        readable, _, _ = select.select([0, wake_r, *reports], [], [])
+        for fd in [fd for fd in readable if fd in reports]:
+            _forward(fd, reports, send)
         if wake_r in readable:
             os.read(wake_r, 4096)
-            _reap(jobs, send)
+            _reap(jobs, reports, send)
         if 0 in readable:
             chunk = os.read(0, 1 << 16)
             if not chunk:  # the supervisor is gone: take every running evaluation with us
@@ -159,19 +216,53 @@ def serve() -> None:
                     job = json.loads(line)
                     private = not no_namespace and confine.new_pid_namespace()
                     job["pid_namespace"] = no_namespace or "unavailable: unshare(CLONE_NEWPID) failed"
-                    report_r, report_w = os.pipe() if private else (None, None)
+                    status_r, status_w = os.pipe() if private else (None, None)
+                    report_r, report_w = os.pipe()
                     pid = os.fork()
                     if pid == 0:
-                        fds = [wake_r, wake_w, proto_fd, own_pid_namespace]
+                        fds = [wake_r, wake_w, proto_fd, own_pid_namespace, report_r, *reports]
                         if private:
-                            os.close(report_r)
-                            namespace_init(job, fds, report_w)
-                        child_main(job, me, fds)
+                            os.close(status_r)
+                            namespace_init(job, fds, report_w, status_w)
+                        child_main(job, me, fds, report_w)
+                    os.close(report_w)
                     if private:
                         confine.restore_pid_namespace(own_pid_namespace)
-                        os.close(report_w)
-                    jobs[pid] = (job["id"], report_r)
+                        os.close(status_w)
+                    jobs[pid] = (job["id"], status_r, report_r)
+                    reports[report_r] = (job["id"], bytearray())
                     send({"id": job["id"], "pid": pid})
+
+
+def _forward(fd: int, reports: dict[int, tuple[str, bytearray]], send: Any, drain: bool = False) -> None:
+    """Pass the judge's complete report lines on, tagged with its job; forget the pipe at its end. With `drain` (the
+    judge has exited), read everything left without waiting."""
+    job_id, buffer = reports[fd]
+    while True:
+        try:
+            chunk = os.read(fd, 1 << 16) if not drain or _ready(fd) else b""
+        except OSError:
+            chunk = b""
+        buffer += chunk
+        *lines, rest = bytes(buffer).split(b"\n")
+        buffer[:] = rest
+        for line in lines:
+            try:
+                event = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(event, dict):
+                send({"id": job_id, "event": event})
+        if not chunk:
+            os.close(fd)
+            del reports[fd]
+            return
+        if not drain:
+            return
+
+
+def _ready(fd: int) -> bool:
+    return bool(select.select([fd], [], [], 0)[0])
 
 
 def _pid_namespace_unavailable(own_pid_namespace: int) -> str:
@@ -190,7 +281,8 @@ def _pid_namespace_unavailable(own_pid_namespace: int) -> str:
     return "" if status == 0 else "unavailable: cannot mount a private /proc (no mount namespace)"
 
 
-def _reap(jobs: dict[int, tuple[str, int | None]], send: Any) -> None:
+def _reap(jobs: dict[int, tuple[str, int | None, int]], reports: dict[int, tuple[str, bytearray]],
+          send: Any) -> None:
     while jobs:
         try:
             pid, status = os.waitpid(-1, os.WNOHANG)
@@ -199,11 +291,13 @@ def _reap(jobs: dict[int, tuple[str, int | None]], send: Any) -> None:
         if pid == 0:
             return
         if pid in jobs:
-            job_id, report = jobs.pop(pid)
-            if report is not None:  # the status of the evaluation, not of its namespace's reaper
-                text = os.read(report, 64)
-                os.close(report)
+            job_id, status_pipe, report = jobs.pop(pid)
+            if status_pipe is not None:  # the status of the judge, not of its namespace's reaper
+                text = os.read(status_pipe, 64)
+                os.close(status_pipe)
                 status = int(text) if text else status
+            if reports.get(report, ("",))[0] == job_id:  # what the judge reported before it ended goes first
+                _forward(report, reports, send, drain=True)
             send({"id": job_id, "status": status})
 
 

@@ -1,0 +1,736 @@
+"""The judge: one evaluation's trusted side, a process in which no candidate code ever runs.
+
+It loads the reference, draws every input from seeds only it knows, computes and times the reference, and asks the
+subject (drkernel.sandbox.subject, the candidate's process) for calls on copies of those inputs. It compares the
+candidate's outputs itself, measures their precision against a float64 evaluation of the reference, checks the
+subject's timings against the wall time it observed, and decides the verdict, which only it can report (on a pipe to
+the fork server that the subject never holds). Hooks, torch-function and dispatch modes, dispatcher registrations or
+patches the candidate installs live in the subject's interpreter: none of them can touch the reference, the
+comparison or the verdict.
+
+Phases hand each other plain data: `load_reference` -> `Reference`; `load_candidate`; `check_correctness` ->
+`CorrectnessReport`; `measure` -> `Measurement`; `profile`; `ablate`; `verdict.decide` turns them into the result.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import math
+import os
+import platform
+import random
+import secrets
+import signal
+import statistics
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import numpy as np
+import torch
+import triton
+
+from drkernel.sandbox import channel, correctness, guards, loading, timing, verdict
+from drkernel.sandbox.channel import Channel, ChannelClosed, Encoder
+from drkernel.sandbox.gate import DeviceGate
+from drkernel.sandbox.subject import MODES, trimmed_traceback
+from drkernel.schema import (
+    Correctness, Environment, EvalOptions, EvalRequest, EvalResult, KernelTime, Precision, Profile, Status, Timing,
+)
+
+CHECKED_TIMING_TRIALS = 1  # timed calls, chosen at random, whose outputs are compared in full (all: on a sample)
+TIMED_SAMPLE_ELEMENTS = 4096  # elements per output compared after every other timed call
+# The judge's wall-clock view of a timed call (less the null calls') may exceed the subject's event timing by this
+# much before the timing is not believed: a factor for work outside the events, a margin for the host's noise.
+WALL_FACTOR, WALL_MARGIN_MS = 1.5, 1.0
+SHARE_OF_MEMORY = 0.25  # of the GPU's memory, at most, for one evaluation's trials beside others' (3 at once)
+DEGENERACY_SAMPLE = 1 << 20  # elements of the reference's output kept to judge whether the task is degenerate
+STDERR_TAIL = 3000
+PROFILED_CALLS = 3  # profiled forwards, each on inputs of its own
+STOP_WAIT_S = 2.0  # how long the judge waits to learn how the subject ended
+
+
+class Failure(Exception):
+    """Ends the evaluation with a verdict other than correct."""
+
+    def __init__(self, status: Status, kind: str, message: str, tb: str = "") -> None:
+        super().__init__(message)
+        self.status, self.kind, self.message, self.tb = status, kind, message, tb
+
+
+# -- the subject, seen from the judge ------------------------------------------------------------------------------
+
+
+class SubjectLink:
+    """Requests to the subject process. Its replies are evidence: outputs to compare, timings to check, findings to
+    add. If it dies or breaks the protocol, the evaluation fails with what the judge saw."""
+
+    def __init__(self, conn: Channel, pid: int, scratch: Path, device: torch.device, findings: guards.Findings,
+                 gate: DeviceGate | None) -> None:
+        self.conn, self.pid, self.scratch, self.device = conn, pid, scratch, device
+        self.findings, self.gate = findings, gate
+
+    def ask(self, op: str, values: dict[str, Any] | None = None, **fields: Any) -> tuple[dict[str, Any], list]:
+        self._collect()
+        encoder = Encoder()
+        header = {"op": op, **fields, **{k: encoder.encode(v) for k, v in (values or {}).items()}}
+        try:
+            self.conn.send(header, encoder.payloads)
+            reply, payloads = self._reply()
+        except (ChannelClosed, channel.BadMessage) as exc:
+            raise self._died(exc) from None
+        self._take_findings(reply)
+        del encoder  # the subject has copied the inputs
+        return reply, payloads
+
+    def _take_findings(self, reply: dict[str, Any]) -> None:
+        """Add what the subject's checks found (known reason codes only); raise its classified failure, if any."""
+        found = reply.get("findings")
+        for code, message in (found.items() if isinstance(found, dict) else ()):
+            if code in guards.REASON_CODES:
+                self.findings.add(code, str(message)[:2000])
+        failure = reply.get("failure")
+        if isinstance(failure, dict):
+            status = Status(failure.get("status")) if failure.get("status") in {s.value for s in Status} else Status.RUNTIME_ERROR
+            raise Failure(status, str(failure.get("kind", "Error"))[:100], str(failure.get("message", ""))[:4000],
+                          str(failure.get("traceback", ""))[:8000])
+
+    def ask_timed(self, values: dict[str, Any], **fields: Any) -> tuple[dict[str, Any], list, float]:
+        """A timed call: the reply, its payloads, and the judge's wall-clock milliseconds from the request until the
+        subject said the call was over (before it handed the outputs over)."""
+        self._collect()
+        encoder = Encoder()
+        header = {"op": "time", **fields, **{k: encoder.encode(v) for k, v in values.items()}}
+        start = time.perf_counter()
+        try:
+            self.conn.send(header, encoder.payloads)
+            first, _ = self._reply()
+            wall = (time.perf_counter() - start) * 1e3
+            if first.get("timed") is True:
+                reply, payloads = self._reply()
+            elif "failure" in first:  # the call raised: its classified failure comes instead
+                reply, payloads = first, []
+            else:
+                raise channel.BadMessage("a timed call's reply came without its end signal")
+        except (ChannelClosed, channel.BadMessage) as exc:
+            raise self._died(exc) from None
+        self._take_findings(reply)
+        return reply, payloads, wall
+
+    def _collect(self) -> None:
+        """Free what the judge shared earlier and the subject has let go of (CUDA frees shared blocks only here)."""
+        if self.device.type == "cuda":
+            torch.cuda.ipc_collect()
+
+    def values(self, reply: dict[str, Any], payloads: list, key: str) -> Any:
+        try:
+            return channel.decode(reply[key], payloads, self.device)
+        except (KeyError, channel.BadMessage) as exc:
+            raise Failure(Status.CRASHED, "BadReply", f"the candidate's process sent a malformed answer: {exc}")
+
+    def _reply(self) -> tuple[dict[str, Any], list]:
+        """The reply, letting the GPU's gate go while the subject's Triton compiles a kernel."""
+        while True:
+            reply, payloads = self.conn.receive()
+            stage = reply.get("compile")
+            if stage is None:
+                return reply, payloads
+            if self.gate is not None and stage == "start":
+                self.gate.pause(_sync_for(self.device))
+            elif stage == "end":
+                if self.gate is not None:
+                    self.gate.resume()
+                self.conn.send({"resume": True})
+
+    def _died(self, exc: Exception) -> Failure:
+        """The subject closed the connection, died or spoke nonsense: classify from how its process ended."""
+        status = self.stop()
+        tail = _tail(self.scratch / "stderr.txt")
+        if isinstance(exc, channel.BadMessage):
+            return Failure(Status.CRASHED, "BadReply", f"the candidate's process broke the protocol: {exc}", tail)
+        if status is not None and os.WIFSIGNALED(status):
+            sig = os.WTERMSIG(status)
+            name = signal.Signals(sig).name if sig in signal.Signals._value2member_map_ else str(sig)
+            return Failure(Status.CRASHED, "Signal",
+                           f"the evaluation process was killed by {name} ({signal.strsignal(sig)})", tail)
+        code = os.WEXITSTATUS(status) if status is not None else None
+        self.findings.add(guards.EXIT_CALLED, "the candidate ended its process (os._exit or similar): a failure.")
+        return Failure(Status.CRASHED, "Exit",
+                       f"the evaluation process exited with code {code} before it answered", tail)
+
+    def stop(self) -> int | None:
+        """End the subject (whatever it is doing) and return its wait status, None if it is not known in time. Where
+        Landlock scopes signals, the judge cannot signal the subject's domain: the subject then ends with the judge
+        (its parent-death signal, the PID namespace, the supervisor's kill of the process group)."""
+        self.conn.sock.close()
+        try:
+            os.kill(self.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        deadline = time.monotonic() + STOP_WAIT_S
+        while True:
+            try:
+                pid, status = os.waitpid(self.pid, os.WNOHANG)
+            except ChildProcessError:
+                return None
+            if pid or time.monotonic() > deadline:
+                return status if pid else None
+            time.sleep(0.005)
+
+
+# -- phase data --------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Reference:
+    """The reference, loaded and built in the judge: what every phase computes the expected answers with."""
+
+    model: torch.nn.Module
+    call: Callable[..., Any]
+    get_inputs: Callable[[], Any]
+    init_inputs: list[Any]
+    device: torch.device
+    _exact: torch.nn.Module | None = None  # the float64 copy, made when first needed
+
+    def inputs(self, seed: int) -> list[Any]:
+        try:
+            values = seeded(seed, self.device, self.get_inputs)
+        except BaseException as exc:
+            raise Failure(Status.INVALID, "ReferenceError", f"get_inputs() failed: {exc}")
+        return [v.to(self.device) if isinstance(v, torch.Tensor) else v for v in values]
+
+    def exact(self, inputs: list[Any], training: bool) -> Any:
+        """The reference's outputs computed in float64 (parameters, buffers and floating inputs upcast)."""
+        if self._exact is None:
+            self._exact = copy.deepcopy(self.model).double()
+        self._exact.train(training)
+        upcast = [v.double() if isinstance(v, torch.Tensor) and v.is_floating_point() else v for v in inputs]
+        return self._exact(*upcast)
+
+
+@dataclass
+class Exact:
+    """A trial's float64 reference outputs, and the precision rule applied to the candidate's."""
+
+    outputs: Any
+
+    def judge(self, ref_out: Any, cand_out: Any, opts: EvalOptions, findings: guards.Findings) -> Precision | None:
+        errors = correctness.errors_against(self.outputs, ref_out, cand_out)
+        if errors is None:
+            return None
+        cand_err, ref_err, dtype = errors
+        floor = torch.finfo(dtype).eps
+        ratio = cand_err / max(ref_err, floor)
+        if opts.precision == "matched" and ratio > opts.precision_factor:
+            findings.add(
+                guards.PRECISION_DOWNCAST,
+                f"the outputs' error against a float64 evaluation is {cand_err:.2g}, {ratio:.0f}x the reference's own "
+                f"({ref_err:.2g}; at most {opts.precision_factor:g}x allowed): about {correctness.bits(cand_err):.0f} "
+                f"correct bits where {dtype} gives {correctness.bits(max(ref_err, floor)):.0f}, the error of "
+                f"{correctness.arithmetic_like(cand_err)} arithmetic. Compute in the reference's precision (for "
+                "tl.dot on float32, input_precision=\"ieee\"; no float16/bfloat16 casts).",
+            )
+        return Precision(rule=opts.precision, candidate_error=cand_err, reference_error=ref_err, ratio=ratio,
+                         factor=opts.precision_factor)
+
+
+@dataclass
+class CorrectnessReport:
+    correctness: Correctness
+    launches_by_mode: dict[str, int] = field(default_factory=dict)
+    own_counts: dict[str, int] = field(default_factory=dict)
+    first_trial_s: float = 0.0
+
+
+@dataclass
+class Measurement:
+    timing: Timing
+    speedup: float
+    interval: list[float]
+
+
+# -- the evaluation ----------------------------------------------------------------------------------------------
+
+
+class Judge:
+    """One evaluation's phases, sharing the request, the device, the GPU's gate and the findings."""
+
+    def __init__(self, request: EvalRequest, workdir: Path, device: torch.device, gate: DeviceGate | None,
+                 link: SubjectLink) -> None:
+        self.request, self.workdir, self.device, self.gate, self.link = request, workdir, device, gate, link
+        self.findings = link.findings
+        self.notes: list[str] = []
+        self.alone = False  # its inputs are too large to share the GPU's memory: every GPU phase takes it alone
+        self.report: CorrectnessReport | None = None  # kept when a trial fails: the result says how far it got
+        self._rng = random.Random(secrets.randbits(64))  # trial seeds and checked calls: nobody else learns them
+
+    @property
+    def options(self) -> EvalOptions:
+        return self.request.options
+
+    def secret_seed(self) -> int:
+        return self._rng.randrange(1 << 31)
+
+    # -- set-up ----------------------------------------------------------------------------------------------
+
+    def load_reference(self) -> Reference:
+        try:
+            module = loading.load_module(self.request.reference, self.workdir / "reference.py",
+                                         f"drkernel_reference_{os.getpid()}")
+            loading.require(module, ("Model", "get_inputs", "get_init_inputs"), "reference")
+            init_inputs = list(seeded(self.options.seed, self.device, module.get_init_inputs))
+            model = seeded(self.options.seed, self.device, lambda: module.Model(*init_inputs)).to(self.device)
+        except BaseException as exc:
+            raise Failure(Status.INVALID, "ReferenceError", f"the reference is unusable: {exc}",
+                          trimmed_traceback(exc, self.workdir))
+        call = torch.compile(model) if self.options.reference_mode == "compile" else model
+        return Reference(model=model, call=call, get_inputs=module.get_inputs, init_inputs=init_inputs,
+                         device=self.device)
+
+    def check_memory_share(self, reference: Reference) -> None:
+        """Several evaluations check correctness at once: one whose trials need more than a share of the GPU's memory
+        (inputs, the subject's copy, the hand-over copy and two outputs, from get_inputs on the meta device) runs
+        its GPU phases alone, and keeps the GPU while the subject compiles: the memory its two processes hold then
+        left no room for another evaluation's timing (out-of-memory failures measured on an H100)."""
+        if self.gate is None or self.device.type != "cuda":
+            return
+        inputs = input_bytes(reference.get_inputs)  # None, sizes unknown: do not risk another evaluation's memory
+        limit = torch.cuda.get_device_properties(self.device).total_memory * SHARE_OF_MEMORY
+        self.alone = inputs is None or 5 * inputs > limit
+
+    def load_candidate(self, reference: Reference) -> None:
+        reply, _ = self.link.ask("load", {"init_inputs": reference.init_inputs}, candidate=self.request.candidate,
+                                 seed=self.options.seed, check_hacks=self.options.check_hacks,
+                                 allow_torch_glue=self.options.allow_torch_glue)
+        self.notes += [str(n)[:500] for n in reply.get("notes", [])][:20]
+
+    # -- correctness -----------------------------------------------------------------------------------------
+
+    def check_correctness(self, reference: Reference) -> CorrectnessReport:
+        opts = self.options
+        trials = max(opts.correctness_trials, len(MODES) if opts.check_hacks else 0)
+        report = self.report = CorrectnessReport(Correctness(trials=trials))
+        precision_trial = self._rng.randrange(trials)
+        ref_samples: list[torch.Tensor] = []
+        started = time.perf_counter()
+        for trial in range(trials):
+            with self.sharing_gpu():
+                self._correctness_trial(reference, trial, trial == precision_trial, report, ref_samples)
+            if trial == 0:
+                report.first_trial_s = time.perf_counter() - started
+        self._check_modes(report.launches_by_mode)
+        if len(ref_samples) == 2:
+            why = correctness.degeneracy(*ref_samples)
+            if why:
+                self.notes.append(f"degenerate_task: {why}")
+        return report
+
+    def _correctness_trial(self, reference: Reference, trial: int, with_precision: bool, report: CorrectnessReport,
+                           ref_samples: list[torch.Tensor]) -> None:
+        opts, summary = self.options, report.correctness
+        label = list(MODES)[trial % len(MODES)]
+        training, grad_mode = MODES[label]
+        inputs = reference.inputs(self.secret_seed())
+        reference.model.train(training)
+        with grad_mode():
+            ref_out = reference.call(*inputs)
+        # Everything the judge needs of these inputs is computed before the subject sees them (on a GPU it maps them).
+        precision = self._precision(reference, inputs, ref_out, training, grad_mode) if with_precision else None
+        reply, payloads = self.link.ask("call", {"inputs": inputs}, mode=label)
+        cand_out = self.link.values(reply, payloads, "outputs")
+        own = {str(k): int(v) for k, v in reply.get("own", {}).items() if isinstance(v, int)}
+        report.launches_by_mode[label] = report.launches_by_mode.get(label, 0) + sum(own.values())
+        for name, count in own.items():
+            report.own_counts[name] = report.own_counts.get(name, 0) + count
+        comparison = correctness.compare(ref_out, cand_out, trial, opts.atol, opts.rtol, opts.rel_error_bound)
+        if comparison.tolerance is not None:
+            summary.atol, summary.rtol = comparison.tolerance.atol, comparison.tolerance.rtol
+            summary.rel_error_bound = comparison.tolerance.rel_error_bound
+        summary.max_abs_diff = max(summary.max_abs_diff or 0.0, comparison.max_abs_diff)
+        summary.rel_error = max(summary.rel_error or 0.0, comparison.rel_error)
+        first_ref = correctness.flatten_outputs(ref_out)[0]
+        if isinstance(first_ref, torch.Tensor) and len(ref_samples) < 2:
+            ref_samples.append(first_ref.detach().reshape(-1)[:DEGENERACY_SAMPLE].clone())
+        if not comparison.ok:
+            summary.first_mismatch = comparison.mismatch
+            self._note_dtype_cheat(ref_out, cand_out)
+            raise Failure(Status.INCORRECT, "Mismatch", f"trial {trial} ({label}): {comparison.message}")
+        if precision is not None:
+            summary.precision = precision.judge(ref_out, cand_out, opts, self.findings)
+        summary.passed_trials += 1
+
+    def _precision(self, reference: Reference, inputs: list[Any], ref_out: Any, training: bool,
+                   grad_mode: Callable[[], Any]) -> Exact | None:
+        """The reference's outputs in float64 on a trial's inputs, when the judge can afford them."""
+        needed = 2 * sum(t.numel() * 8 for t in [*inputs, *correctness.flatten_outputs(ref_out)]
+                         if isinstance(t, torch.Tensor) and t.is_floating_point())  # float64 copies, and headroom
+        if self.device.type == "cuda" and needed > SHARE_OF_MEMORY * torch.cuda.get_device_properties(
+                self.device).total_memory:
+            self.notes.append(f"precision: not measured, a float64 evaluation of the reference needs about "
+                              f"{needed / 2**30:.0f} GiB, more than this evaluation's share of the GPU")
+            return None
+        try:
+            with grad_mode():
+                return Exact(reference.exact(inputs, training))
+        except Exception as exc:  # a reference that cannot run in float64: the rule cannot be applied
+            self.notes.append(f"precision: not measured, the reference does not run in float64 ({exc})"[:300])
+            return None
+
+    def _note_dtype_cheat(self, ref_out: Any, cand_out: Any) -> None:
+        for ref, cand in zip(correctness.flatten_outputs(ref_out), correctness.flatten_outputs(cand_out)):
+            if isinstance(ref, torch.Tensor) and isinstance(cand, torch.Tensor):
+                if correctness.PRECISION_RANK.get(cand.dtype, 9) < correctness.PRECISION_RANK.get(ref.dtype, 0):
+                    self.findings.add(
+                        guards.LOWER_PRECISION,
+                        f"an output is {cand.dtype} where the reference gives {ref.dtype}: computing in lower "
+                        "precision is not the same function.",
+                    )
+
+    def _check_modes(self, launches_by_mode: dict[str, int]) -> None:
+        if not self.options.check_hacks:
+            return
+        if sum(launches_by_mode.values()) == 0:
+            self.findings.add(
+                guards.NO_TRITON_KERNEL,
+                "ModelNew ran no Triton kernel of its own: the work was done by PyTorch or another library. "
+                "Implement the computation in @triton.jit kernels launched from forward.",
+            )
+            return
+        missing = [label for label, n in launches_by_mode.items() if n == 0]
+        if missing:
+            self.findings.add(
+                guards.MODE_DEPENDENT,
+                f"ModelNew ran no Triton kernel in mode(s) {', '.join(missing)}: kernels must run whatever the "
+                "training flag, autograd or inference mode.",
+            )
+
+    # -- timing ----------------------------------------------------------------------------------------------
+
+    def measure(self, reference: Reference, report: CorrectnessReport) -> Measurement:
+        """Both sides timed trial by trial, in alternating order, on values never seen before: the reference here, the
+        candidate in its process (its event timing checked against the judge's wall clock), every candidate output
+        compared on a sample, a few chosen calls in full."""
+        opts = self.options
+        reference.model.train(False)
+        buffers = reference.inputs(self.secret_seed())  # the reference's, refilled before every call
+        checked = set(self._rng.sample(range(opts.perf_trials), min(CHECKED_TIMING_TRIALS, opts.perf_trials)))
+
+        def refill() -> list[Any]:
+            """New values into the reference's buffers; the new tensors themselves go to the subject, which copies
+            them into its own buffers (the judge never reads them again: the subject can write what it maps)."""
+            fresh = reference.inputs(self.secret_seed())
+            for old, new in zip(buffers, fresh):
+                if isinstance(old, torch.Tensor):
+                    old.copy_(new)
+            _sync_for(self.device)()
+            return fresh
+
+        timer = timing.CallTimer(self.device)
+        host_ms: list[float] = []
+        with torch.no_grad():
+            outbox: list[Any] = []  # the values of the current call, handed to the subject
+            for _ in range(max(1, opts.warmup_trials)):  # at least one: its host time sets the spin
+                outbox.clear()  # the last call's go before new ones are made: at most one set alive
+                outbox += refill()
+                host_ms.append(timer.untimed(reference.call, buffers)[1])
+                host_ms.append(float(self.link.ask("warm", {"inputs": outbox})[0].get("host_ms", 0.0)))
+            timer.cover_ms = timing.cover_for(host_ms[2:] or host_ms)  # the first pair may still compile
+            ref, cand = timing.Samples(), timing.Samples()
+            own_per_call: list[int] = []
+            for trial in range(opts.perf_trials):
+                outbox.clear()
+                outbox += refill()
+                if trial % 2:
+                    (reply, wall, cand_out), (ref_out, ref_ms, _) = (
+                        self._candidate_timed(outbox, timer.cover_ms), timer.timed(reference.call, buffers))
+                else:
+                    (ref_out, ref_ms, _) = timer.timed(reference.call, buffers)
+                    reply, wall, cand_out = self._candidate_timed(outbox, timer.cover_ms)
+                ref.event_ms.append(ref_ms)
+                cand.event_ms.append(_positive(reply.get("event_ms")))
+                # A null call right after (the same steps and hand-over around no call): what the wall clock sees
+                # beyond the call itself, under the host's load of the moment.
+                cand.wall_ms.append(max(0.0, wall - self._candidate_timed(outbox, timer.cover_ms, null=True)[1]))
+                own_per_call.append(int(reply.get("own", 0)))
+                self._verify_timed(trial, trial in checked, ref_out, cand_out)
+                del ref_out, cand_out
+        if timer.l2_tampered:
+            self.findings.add(guards.L2_PERSISTENCE, "persisting-L2 settings changed while the reference was timed: "
+                              "the candidate's process set them.")
+        if opts.check_hacks and own_per_call and min(own_per_call) == 0 and sum(report.launches_by_mode.values()):
+            self.findings.add(guards.MODE_DEPENDENT,
+                              "some timed calls ran no Triton kernel: the candidate changes behaviour between calls.")
+        method = "cuda_event" if self.device.type == "cuda" else ("interpreter_wall" if interpreting() else "cpu_wall")
+        result = Timing(reference=timing.summarize(ref, method), candidate=timing.summarize(cand, method),
+                        reference_mode=opts.reference_mode)
+        if method == "interpreter_wall":
+            result.note = "Triton interpreter on the CPU: these timings say nothing of GPU speed"
+        if self.device.type == "cuda":
+            self._check_timing(result, cand, buffers, reference)
+        speedup = result.reference.median_ms / max(result.candidate.median_ms, 1e-9)  # type: ignore[union-attr]
+        return Measurement(result, speedup, timing.speedup_interval(ref.primary, cand.primary, opts.seed))
+
+    def _candidate_timed(self, outbox: list[Any], spin_ms: float, null: bool = False) -> tuple[dict, float, Any]:
+        """(the subject's reply, the judge's wall-clock milliseconds for the call, its outputs) for one timed call."""
+        reply, payloads, wall = self.link.ask_timed({"inputs": outbox}, spin_ms=spin_ms, null=null)
+        outputs = self.link.values(reply, payloads, "outputs")  # mapped even for a null call: the subject's shared
+        return reply, wall, None if null else outputs             # memory is freed only once the judge lets it go
+
+    def _verify_timed(self, trial: int, full: bool, ref_out: Any, cand_out: Any) -> None:
+        """A timed call's outputs: a remembered answer differs almost everywhere from the one for new values."""
+        opts = self.options
+        if full:
+            ok = correctness.compare(ref_out, cand_out, trial, opts.atol, opts.rtol, opts.rel_error_bound).ok
+        else:
+            generator = torch.Generator(device=self.device).manual_seed(self._rng.randrange(1 << 62))
+            ok = correctness.compare_sample(ref_out, cand_out, trial, opts.atol, opts.rtol, opts.rel_error_bound,
+                                            TIMED_SAMPLE_ELEMENTS, generator).ok
+        if not ok:
+            self.findings.add(
+                guards.OUTPUT_CACHING,
+                "a timed call returned a wrong answer for new input values: outputs must be computed on "
+                "every call, never cached or remembered.",
+            )
+
+    def _check_timing(self, result: Timing, cand: timing.Samples, args: list[Any], reference: Reference) -> None:
+        """What the candidate's process reported, against what the judge can see: its wall-clock view of the timed
+        calls (work outside the timed events, or a patched timer) and the bytes its outputs must be written in."""
+        stats = result.candidate
+        assert stats is not None
+        claimed, seen = stats.median_ms, statistics.median(cand.wall_ms)
+        if seen > WALL_FACTOR * claimed + WALL_MARGIN_MS:
+            self.findings.add(
+                guards.SIDE_STREAM,
+                f"your process timed {claimed:.4f} ms per call, but the judge saw {seen:.4f} ms of work per call "
+                "until the device was idle: work ran outside the timed stream, or the timing was tampered with. "
+                "Launch kernels on the current stream.",
+            )
+        with torch.no_grad():
+            out = reference.call(*args)
+        out_bytes = sum(t.numel() * t.element_size() for t in correctness.flatten_outputs(out)
+                        if isinstance(t, torch.Tensor))
+        floor_ms = out_bytes / timing.measure_bandwidth(self.device) * 1e3
+        if stats.median_ms < 0.5 * floor_ms:
+            self.findings.add(
+                guards.IMPOSSIBLE_SPEED,
+                f"{stats.median_ms:.4f} ms is faster than writing the {out_bytes} output bytes allows on this GPU "
+                f"({floor_ms:.4f} ms at its measured bandwidth).",
+            )
+
+    # -- profile and ablation --------------------------------------------------------------------------------
+
+    def profile(self, reference: Reference, report: CorrectnessReport) -> Profile:
+        """Coverage from a call on fresh inputs whose output the judge checks."""
+        if self.device.type != "cuda":
+            return Profile(launches=dict(report.own_counts), note="no GPU: launch counts only, coverage not measured")
+        sets = [reference.inputs(self.secret_seed()) for _ in range(1 + PROFILED_CALLS)]  # a warm-up, then profiled
+        reference.model.train(False)
+        with torch.no_grad():
+            ref_outs = [reference.call(*inputs) for inputs in sets[1:]]
+        reply, payloads = self.link.ask("profile", {"inputs": sets}, own_names=sorted(report.own_counts))
+        cand_outs = self.link.values(reply, payloads, "outputs")
+        if not isinstance(cand_outs, list) or len(cand_outs) != len(ref_outs):
+            raise Failure(Status.CRASHED, "BadReply", "the candidate's process sent the wrong number of outputs")
+        for ref_out, cand_out in zip(ref_outs, cand_outs):
+            self._verify_timed(-1, True, ref_out, cand_out)
+        result = _profile_from(reply.get("profile"))
+        result.launches = dict(report.own_counts)
+        lazy = result.coverage is not None and result.coverage < self.options.min_coverage
+        if self.options.check_hacks and lazy and guards.NO_TRITON_KERNEL not in self.findings.details:
+            self.findings.add(
+                guards.LAZY_KERNEL,
+                f"only {result.coverage:.1%} of the GPU time is spent in the candidate's own Triton kernels "
+                f"(at least {self.options.min_coverage:.0%} required): PyTorch does the work. Move the "
+                "computation into the kernels.",
+            )
+        return result
+
+    def ablate(self, reference: Reference) -> None:
+        """In every mode, on fresh inputs: where poisoning what the own kernels wrote leaves the output unchanged, they
+        were decoys."""
+        for label in MODES:
+            reply, payloads = self.link.ask("ablate", {"inputs": reference.inputs(self.secret_seed())}, mode=label)
+            normal = self.link.values(reply, payloads, "normal")
+            ablated = self.link.values(reply, payloads, "ablated")
+            if reply.get("repeat_differs") is True and self.options.check_hacks:
+                self.findings.add(
+                    guards.OUTPUT_CACHING,
+                    "called again on inputs holding the same values, forward launched other kernels than the first "
+                    "time: it answers values it has seen from memory. Compute the outputs on every call.",
+                )
+            if reply.get("ran") is True and len(normal) == len(ablated) and all(
+                    _identical(a, b) for a, b in zip(normal, ablated)):
+                self.findings.add(
+                    guards.DECOY_KERNEL,
+                    f"in mode {label} the output does not depend on anything the candidate's Triton kernels "
+                    "computed: they are decoys, and the result comes from other code.",
+                )
+                return
+
+    # -- the GPU's gate --------------------------------------------------------------------------------------
+
+    @contextmanager
+    def sharing_gpu(self) -> Iterator[None]:
+        """Work that may run beside other evaluations' correctness checks, never beside their timing."""
+        if self.gate is None:
+            yield
+            return
+        with self._gated(lambda: self.gate.exclusive() if self.alone else self.gate.shared()):
+            yield
+
+    @contextmanager
+    def owning_gpu(self) -> Iterator[None]:
+        """Timing and profiling: no other evaluation's kernels run meanwhile."""
+        if self.gate is None:
+            yield
+            return
+        with self._gated(self.gate.exclusive):
+            yield
+
+    @contextmanager
+    def _gated(self, hold: Callable[[], Any]) -> Iterator[None]:
+        with hold():
+            try:
+                yield
+            finally:  # memory both processes cached is given back before others go on
+                if self.device.type == "cuda":
+                    with contextlib.suppress(Failure):  # a subject already gone holds nothing
+                        self.link.ask("release")
+                    torch.cuda.empty_cache()
+
+
+def evaluate(request: EvalRequest, workdir: Path, device: torch.device, gate: DeviceGate | None,
+             link: SubjectLink) -> EvalResult:
+    """Run one evaluation and return its result; never raises for anything the candidate does."""
+    judge = Judge(request, workdir, device, gate, link)
+    opts = request.options
+    result = EvalResult(environment=environment(device))
+    failure: Failure | None = None
+    try:
+        with judge.sharing_gpu():
+            reference = _timed(result, "reference", judge.load_reference)
+        judge.check_memory_share(reference)
+        with judge.sharing_gpu():
+            _timed(result, "load", lambda: judge.load_candidate(reference))
+        report = _timed(result, "correctness", lambda: judge.check_correctness(reference))
+        result.phases_s["correctness_first_trial"] = round(report.first_trial_s, 4)  # Triton compiles here
+        if opts.measure_performance or opts.profile:
+            waited = time.perf_counter()
+            with judge.owning_gpu():
+                result.phases_s["gpu_wait"] = round(time.perf_counter() - waited, 4)  # others' timing, checks
+                if opts.measure_performance:
+                    measured = _timed(result, "timing", lambda: judge.measure(reference, report))
+                    result.timing, result.speedup, result.speedup_ci = (
+                        measured.timing, measured.speedup, measured.interval)
+                if opts.profile:
+                    result.profile = _timed(result, "profile", lambda: judge.profile(reference, report))
+        if opts.check_hacks:
+            with judge.sharing_gpu():
+                _timed(result, "ablation", lambda: judge.ablate(reference))
+        link.ask("finish")
+    except Failure as caught:
+        failure = caught
+    except BaseException as exc:  # the harness itself failed on this input: say so, do not guess
+        failure = Failure(Status.RUNTIME_ERROR, type(exc).__name__, f"evaluation failed: {exc}",
+                          trimmed_traceback(exc, workdir))
+    finally:
+        link.stop()
+    return verdict.decide(result, judge.report.correctness if judge.report else None, failure, judge.findings,
+                          judge.notes, opts)
+
+
+# -- helpers -----------------------------------------------------------------------------------------------------
+
+
+def seeded(seed: int, device: torch.device, fn: Callable[[], Any]) -> Any:
+    """Call `fn` with every RNG seeded and the evaluation's device as the default one: tensors a task makes without
+    naming a device are born there (random inputs of gigabytes take seconds on the CPU)."""
+    random.seed(seed)
+    np.random.seed(seed % (2**32))
+    torch.manual_seed(seed)
+    with device:
+        return fn()
+
+
+def input_bytes(get_inputs: Callable[[], Any]) -> int | None:
+    """Bytes of the tensors `get_inputs` makes, sized on the meta device (nothing is allocated); None when that
+    cannot be known without running it for real."""
+    try:
+        with torch.device("meta"):
+            values = get_inputs()
+    except Exception:
+        return None
+    return sum(v.numel() * v.element_size() for v in values if isinstance(v, torch.Tensor))
+
+
+def warm_up(device: torch.device) -> None:
+    """Start-up costs paid before the evaluation's start signal, while the previous evaluation may still run:
+    the CUDA context, the profiler's CUPTI initialisation, the caching allocator."""
+    if device.type != "cuda":
+        return
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]):
+        torch.ones(1, device=device).add_(1)
+        torch.cuda.synchronize()
+
+
+def environment(device: torch.device) -> Environment:
+    gpu = device.type == "cuda"
+    return Environment(
+        device=torch.cuda.get_device_name(device) if gpu else "cpu",
+        torch=torch.__version__,
+        triton=triton.__version__,
+        python=platform.python_version(),
+        interpreter=interpreting(),
+        gpu=gpu,
+    )
+
+
+def interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def _timed(result: EvalResult, phase: str, step: Callable[[], Any]) -> Any:
+    start = time.perf_counter()
+    try:
+        return step()
+    finally:
+        result.phases_s[phase] = round(time.perf_counter() - start, 4)
+
+
+def _sync_for(device: torch.device) -> Callable[[], None]:
+    return torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+
+
+def _positive(value: Any) -> float:
+    if isinstance(value, (int, float)) and math.isfinite(value) and value >= 0:
+        return float(value)
+    raise Failure(Status.CRASHED, "BadReply", f"the candidate's process reported a timing of {value!r}")
+
+
+def _profile_from(data: Any) -> Profile:
+    if not isinstance(data, dict):
+        return Profile(note="the candidate's process sent no profile")
+    try:
+        kernels = [KernelTime(**k) for k in data.get("kernels", [])]
+        return Profile(**{**data, "kernels": kernels})
+    except TypeError:
+        return Profile(note="the candidate's process sent a malformed profile")
+
+
+def _identical(a: Any, b: Any) -> bool:
+    if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
+        return a.shape == b.shape and guards._same_values(a, b)
+    return type(a) is type(b) and not isinstance(a, channel.Opaque) and a == b
+
+
+def _tail(path: Path) -> str:
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return ""
+    return f"[stderr]\n{text[-STDERR_TAIL:]}" if text.strip() else ""

@@ -1,0 +1,94 @@
+"""The precision rule (issue 26): the candidate's error and the reference's own, both against a float64 evaluation
+of the reference, their ratio in the result and the feedback; `matched` refuses a speedup bought with lower
+precision, `tolerance` judges by atol/rtol alone. The interpreter emulates float16 and bfloat16 by casting."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+import drkernel
+from drkernel.feedback import render
+from drkernel.sandbox import correctness
+from drkernel.schema import EvalOptions, Status
+
+REPO = Path(__file__).resolve().parents[1]
+FAST = {"perf_trials": 2, "warmup_trials": 1, "timeout_s": 90}
+HALF_TASK = '''
+import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def forward(self, a, b):
+        return torch.matmul(a, b)
+
+
+def get_inputs():
+    return [torch.randn(64, 64).half(), torch.randn(64, 64).half()]
+
+
+def get_init_inputs():
+    return []
+'''
+
+
+def _source(relative: str) -> str:
+    return (REPO / relative).read_text()
+
+
+def test_errors_against_float64_and_the_arithmetic_they_show() -> None:
+    torch.manual_seed(0)
+    a, b = torch.randn(128, 128), torch.randn(128, 128)
+    exact = a.double() @ b.double()
+    ref = a @ b
+    half = (a.half().float() @ b.half().float())
+    cand_err, ref_err, dtype = correctness.errors_against(exact, ref, half)
+    assert dtype == torch.float32 and 0 < ref_err < 1e-6 and 1e-4 < cand_err < 1e-2
+    assert correctness.arithmetic_like(ref_err) == "float32"
+    assert correctness.arithmetic_like(cand_err) == "tf32 or float16"
+    assert correctness.arithmetic_like(3e-3) == "bfloat16"
+    assert correctness.errors_against([exact.long()], [ref.long()], [ref.long()]) is None  # integers: no rule
+    assert correctness.relative_error(torch.zeros(3), torch.zeros(3)) == 0.0
+
+
+def test_options_validate_the_rule() -> None:
+    with pytest.raises(ValueError, match="precision must be"):
+        EvalOptions(precision="loose")
+    with pytest.raises(ValueError, match="precision_factor"):
+        EvalOptions(precision_factor=0.5)
+    assert EvalOptions().precision == "matched"
+
+
+@pytest.mark.slow
+def test_half_inputs_are_refused_when_matched_and_accepted_by_tolerance() -> None:
+    task = _source("examples/tasks/4_matmul_small.py")
+    half = _source("tests/exploits/p1_fp16_inputs_matmul.py")
+    matched = drkernel.evaluate(task, half, **FAST)
+    tolerance = drkernel.evaluate(task, half, precision="tolerance", **FAST)
+    honest = drkernel.evaluate(task, _source("examples/candidates/4_matmul_small__triton.py"), **FAST)
+    assert matched.status == Status.HACKED.value and matched.hack_reasons == ["precision_downcast"]
+    assert "float16" in matched.hack_details["precision_downcast"]
+    assert tolerance.status == Status.CORRECT.value, render(tolerance)
+    for result in (matched, tolerance):
+        q = result.correctness.precision
+        assert q is not None and q.ratio > 100 and q.candidate_error > 1e-4
+        assert "Precision: error against float64" in render(result)
+    assert tolerance.correctness.precision.rule == "tolerance" and matched.correctness.precision.rule == "matched"
+    q = honest.correctness.precision
+    assert honest.status == Status.CORRECT.value and q.rule == "matched" and q.ratio <= q.factor
+
+
+@pytest.mark.slow
+def test_a_half_precision_reference_is_judged_against_its_own_error() -> None:
+    """A float16 task: a candidate that computes in float32 and rounds once is more precise than the reference."""
+    candidate = _source("examples/candidates/4_matmul_small__triton.py").replace(
+        "C = torch.empty((M, N), device=A.device, dtype=torch.float32)",
+        "A, B = A.float(), B.float()\n        C = torch.empty((M, N), device=A.device, dtype=torch.float32)").replace(
+        "        return C", "        return C.half()")
+    result = drkernel.evaluate(HALF_TASK, candidate, **FAST)
+    q = result.correctness.precision
+    assert result.status == Status.CORRECT.value, render(result)
+    assert q.reference_error > 1e-4 and q.ratio <= 2.0  # measured against float16's own error, not float32's
