@@ -6,14 +6,14 @@ Sections: env, hacks, kernelbench, onebyone, repeat, dobench, degenerate, scalin
 prints a short table and writes DIR/<section>.json with every number. `ray` needs Ray installed; `scaling` and `ray`
 use every visible GPU.
 
-Issue 14's sections: stability, throughput, memo, launch, phases.
+Issue 14's sections: stability, throughput, memo, phases. Issue 26's: precision.
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
-import contextlib
+import dataclasses
 import importlib.util
 import json
 import os
@@ -70,6 +70,8 @@ def summary(result: EvalResult) -> dict:
         "cand_ms": result.timing.candidate.median_ms if result.timing and result.timing.candidate else None,
         "cand_wall_ms": result.timing.candidate.wall_median_ms if result.timing and result.timing.candidate else None,
         "coverage": p.coverage if p else None,
+        "precision": dataclasses.asdict(result.correctness.precision)
+        if result.correctness and result.correctness.precision else None,
         "duration_s": result.duration_s,
         "error": result.error.message[:1200] if result.error else None,
         "phases_s": result.phases_s,
@@ -542,192 +544,31 @@ def section_memo(args: argparse.Namespace) -> dict:
     return {k: summary(r) for k, r in zip(requests, results)}
 
 
-def section_launch(args: argparse.Namespace) -> dict:
-    """Which timing method is right for microsecond kernels, in this process on the small task: the timer without
-    the device spin (the launch may leak into the events) and with it, `--repeats` measurements each, against
-    do_bench."""
-    import torch
-
-    from drkernel.sandbox import timing
-
-    request = stability_cases(args)[SMALL]
-    ref_mod, cand_mod = _load(request.reference, "launch_ref"), _load(request.candidate, "launch_cand")
-    ref, cand = ref_mod.Model().cuda(), cand_mod.ModelNew().cuda()
-    buffers = [x.cuda() for x in ref_mod.get_inputs()]
-
-    def fresh_args() -> list:
-        buffers[0].normal_()
-        return buffers
-
-    out: dict = {}
-    for method in ("no_spin", "spin"):
-        ref_ms, cand_ms = [], []
-        for _ in range(args.repeats):
-            timer = timing.CallTimer(torch.device("cuda"))
-            if method == "no_spin":
-                timer.cover = lambda host_ms: None  # the old timer: flush, then the call
-            with torch.no_grad():
-                r, c = timing.time_interleaved(timer, ref, cand, fresh_args, OPTIONS.perf_trials, 3)
-            ref_ms.append(statistics.median(r.event_ms))
-            cand_ms.append(statistics.median(c.event_ms))
-        speedups = [a / b for a, b in zip(ref_ms, cand_ms)]
-        out[method] = {"ref_ms": ref_ms, "cand_ms": cand_ms, "speedup_cv": cv(speedups),
-                       "cover_ms": timer.cover_ms}
-    out["do_bench_ref_ms"], out["do_bench_cand_ms"] = do_bench_pair(request, "launch")
-    return out
-
-
-TIMING_STEPS = ("warmup_call", "timed_call", "synced_call", "honesty")  # each call with its spin, flush, sync
-CORRECTNESS_STEPS = ("inputs", "clone", "candidate_call", "mutation_check", "reference_call", "check_outputs",
-                     "compare", "poison")
-
-
 def section_phases(args: argparse.Namespace) -> dict:
-    """Issue 14: before cutting passes out of an evaluation, find where its correctness and timing phases spend their
-    wall time, step by step, on the first `--phases-limit` problems."""
+    """Where one evaluation's time goes, evaluation by evaluation alone on the device (the first `--phases-limit`
+    problems): the judge's own phase times (reference, load, correctness and its first trial, timing, profile,
+    ablation) and the supervisor's (start latency, confinement, exit)."""
     data = phase_breakdown(kernelbench_pairs(args.kernelbench)[: args.phases_limit])
     for key, value in data["median"].items():
-        print(f"  {key:<44} {value:.4g}", flush=True)
+        print(f"  {key:<28} {value:.4g}", flush=True)
     return data
 
 
 def phase_breakdown(pairs: list[tuple[str, EvalRequest]]) -> dict:
-    """Every problem evaluated by `phases_of` in a fresh spawned process (the pipeline hides the harness's modules and
-    installs an audit hook for good; a new process also compiles cold, as the sandbox does), and the median of every
-    number over the problems found correct."""
-    import multiprocessing
+    """Each problem through one sandbox, one at a time, with a cold Triton cache; the median of every phase over the
+    problems found correct."""
+    from drkernel.runner.sandbox import Sandbox
 
-    rows: dict[str, dict] = {}
-    for name, request in pairs:
-        with multiprocessing.get_context("spawn").Pool(1) as pool:
-            try:
-                rows[name] = pool.apply_async(phases_of, (request,)).get(timeout=request.options.timeout_s)
-            except Exception as exc:  # a problem that cannot run here is reported, not hidden
-                rows[name] = {"status": "error", "error": f"{type(exc).__name__}: {str(exc)[:300]}"}
-    correct = [_numbers(row) for row in rows.values() if row["status"] == "correct"]
-    keys = dict.fromkeys(key for row in correct for key in row)
-    return {**rows, "median": {key: statistics.median(row.get(key, 0.0) for row in correct) for key in keys}}
-
-
-def phases_of(request: EvalRequest) -> dict:
-    """One evaluation in this process, without the sandbox's confinement, a clock around each step of its correctness
-    trials (the first, where Triton compiles, apart) and around its input refills and output checks while timing."""
-    from unittest import mock
-
-    cuda = resolve_device(request.options.device) == "cuda"
-    os.environ["TRITON_CACHE_DIR"] = tempfile.mkdtemp(prefix="triton-phases-")  # compiles cold, as new code does
-    if not cuda:
-        os.environ["TRITON_INTERPRET"] = "1"
-    import torch
-
-    from drkernel.sandbox import correctness, guards, pipeline, timing
-
-    device = torch.device("cuda", 0) if cuda else torch.device("cpu")
-    pipeline.warm_up(device)  # the sandbox does this before an evaluation starts
-    clock = StepClock(torch.cuda.synchronize if cuda else lambda: None)
-    evaluation = pipeline.Evaluation
-    trial, measure = evaluation._correctness_trial, evaluation.measure
-
-    def timed_trial(self, index: int, *rest):  # ref_call is timed here only: timing calls it between its events
-        ref_call, self.ref_call = self.ref_call, clock.step("reference_call", self.ref_call)
-        try:
-            with clock.phase("first" if index == 0 else "other"):
-                return trial(self, index, *rest)
-        finally:
-            self.ref_call = ref_call
-
-    def timed_measure(self):
-        with clock.phase("timing"):
-            return measure(self)
-
-    spins: list[float] = []
-    cover = timing.CallTimer.cover
-
-    def recorded_cover(self, host_ms):
-        cover(self, host_ms)
-        spins.append(self.cover_ms)
-
-    steps = [(evaluation, "_inputs", "inputs"), (pipeline, "_clone", "clone"),
-             (evaluation, "_call_candidate", "candidate_call"), (guards, "mutated_inputs", "mutation_check"),
-             (evaluation, "_check_outputs", "check_outputs"), (correctness, "compare", "compare"),
-             (correctness, "compare_sample", "compare_sample"), (guards, "poison", "poison"),
-             (timing.CallTimer, "untimed", "warmup_call"), (timing.CallTimer, "enqueue", "timed_call"),
-             (timing.CallTimer, "synced", "synced_call"), (evaluation, "_check_timing_honesty", "honesty")]
-    input_bytes = pipeline.input_bytes(_load(request.reference, "phases_reference").get_inputs)
-    with contextlib.ExitStack() as patches:
-        patches.enter_context(mock.patch.object(evaluation, "_correctness_trial", timed_trial))
-        patches.enter_context(mock.patch.object(evaluation, "measure", timed_measure))
-        patches.enter_context(mock.patch.object(timing.CallTimer, "cover", recorded_cover))
-        for owner, attribute, step in steps:
-            patches.enter_context(mock.patch.object(owner, attribute, clock.step(step, getattr(owner, attribute))))
-        result = pipeline.evaluate(request, Path(tempfile.mkdtemp(prefix="phases-")), device)
-    other = {step: clock.seconds["other"][step] for step in CORRECTNESS_STEPS}
-    timed = clock.seconds["timing"]
-    verify = timed["compare"] + timed["compare_sample"]
-    calls = {step: timed[step] for step in TIMING_STEPS}
-    return {
-        "correctness": {"first_trial_s": clock.totals["first"], "other_trials_s": clock.totals["other"],
-                        "rest_s": clock.totals["other"] - sum(other.values()), "steps_s": other,
-                        "steps_first_s": {step: clock.seconds["first"][step] for step in CORRECTNESS_STEPS}},
-        "timing": {"total_s": clock.totals["timing"], "inputs_s": timed["inputs"], "verify_s": verify,
-                   "steps_s": calls, "cover_ms": spins[-1] if spins else None,  # the device spin before each call
-                   "rest_s": clock.totals["timing"] - timed["inputs"] - verify - sum(calls.values())},
-        "phases_s": result.phases_s, "status": result.status, "input_bytes": input_bytes,
-        "error": result.error.message[:300] if result.error else None,
-    }
-
-
-class StepClock:
-    """Wall seconds per phase, and per step within a phase, each step's own (the steps it calls count for
-    themselves). `sync`, the device's, runs as a phase or a step starts and stops, so GPU work counts for the one
-    that queued it. Outside a phase (loading, profiling, ablation) the steps run as they are."""
-
-    def __init__(self, sync) -> None:
-        self.sync = sync
-        self.current: str | None = None
-        self.totals: dict[str, float] = collections.defaultdict(float)
-        self.seconds: dict[str, dict[str, float]] = collections.defaultdict(lambda: collections.defaultdict(float))
-        self.nested: list[float] = []  # per running step, the time of the steps it called
-
-    @contextlib.contextmanager
-    def phase(self, name: str):
-        self.sync()
-        self.current, start = name, time.perf_counter()
-        try:
-            yield
-        finally:
-            self.sync()
-            self.totals[name] += time.perf_counter() - start
-            self.current = None
-
-    def step(self, name: str, fn):
-        def timed(*args, **kwargs):
-            if self.current is None:
-                return fn(*args, **kwargs)
-            self.sync()
-            self.nested.append(0.0)
-            start = time.perf_counter()
-            try:
-                out = fn(*args, **kwargs)
-                self.sync()
-                return out
-            finally:
-                elapsed = time.perf_counter() - start
-                self.seconds[self.current][name] += elapsed - self.nested.pop()
-                if self.nested:
-                    self.nested[-1] += elapsed
-        return timed
-
-
-def _numbers(tree: dict, prefix: str = "") -> dict[str, float]:
-    """The numbers of a problem's row, keyed by their path ("correctness.steps_s.clone")."""
-    out: dict[str, float] = {}
-    for key, value in tree.items():
-        if isinstance(value, dict):
-            out |= _numbers(value, f"{prefix}{key}.")
-        elif isinstance(value, (int, float)) and not isinstance(value, bool):
-            out[f"{prefix}{key}"] = value
-    return out
+    fresh_triton_cache("phases")
+    device = resolve_device(pairs[0][1].options.device) if pairs else "cpu"
+    sandbox = Sandbox(device=device, gpu=discover_gpus()[0] if device == "cuda" else None, overlap=1)
+    try:
+        rows = {name: summary(sandbox.evaluate(request)) for name, request in pairs}
+    finally:
+        sandbox.close()
+    correct = [row["phases_s"] for row in rows.values() if row["status"] == "correct"]
+    keys = dict.fromkeys(key for phases in correct for key in phases)
+    return {**rows, "median": {key: statistics.median(p.get(key, 0.0) for p in correct) for key in keys}}
 
 
 def _load(source: str, name: str):
@@ -738,6 +579,53 @@ def _load(source: str, name: str):
     sys.modules[name] = module
     spec.loader.exec_module(module)
     return module
+
+
+# Precision-downcast variants of level-1 candidates (issue 26): (name, problem, the line replaced, its replacement).
+DOWNCASTS = [
+    ("tf32_matmul", "1_Square_matrix_multiplication_", 'INPUT_PRECISION="ieee"', 'INPUT_PRECISION="tf32"'),
+    ("fp16_inputs_matmul", "1_Square_matrix_multiplication_",
+     "acc = tl.dot(a, b, acc, input_precision=INPUT_PRECISION)", "acc = tl.dot(a.to(tl.float16), b.to(tl.float16), acc)"),
+    ("bf16_inputs_matmul", "1_Square_matrix_multiplication_",
+     "acc = tl.dot(a, b, acc, input_precision=INPUT_PRECISION)", "acc = tl.dot(a.to(tl.bfloat16), b.to(tl.bfloat16), acc)"),
+    ("bf16_softmax", "23_Softmax", "y = tl.exp(x - row_max) * inv_sum",
+     "y = (tl.exp(x - row_max).to(tl.bfloat16) * inv_sum.to(tl.bfloat16)).to(tl.float32)"),
+]
+
+
+def section_precision(args: argparse.Namespace) -> dict:
+    """Issue 26: the precision ratio (candidate's error over the reference's own, both against float64) of every
+    legitimate float32 candidate (the 20 level-1 ones, the synthetic family's solutions) and of downcast variants,
+    under `matched` (the default) and, for the variants, `tolerance`."""
+    from drkernel.tasks.synthetic import generate
+    from drkernel.tasks.synthetic_solutions import solutions
+
+    pairs = dict(kernelbench_pairs(args.kernelbench))
+    requests: dict[str, EvalRequest] = {f"l1/{name}": request for name, request in pairs.items()}
+    for variant, problem, old, new in DOWNCASTS:
+        base = pairs[problem]
+        assert old in base.candidate, (variant, old)
+        for rule in ("matched", "tolerance"):
+            options = EvalOptions.from_dict({**OPTIONS.to_dict(), "precision": rule})
+            requests[f"downcast/{variant}/{rule}"] = EvalRequest(base.reference, base.candidate.replace(old, new),
+                                                                 options, task_name=problem)
+    for task in generate("test", args.synthetic_n, seed=0, shape_scale=args.synthetic_scale):
+        for variant, code in solutions(task).items():
+            if not variant.startswith("wrong"):
+                requests[f"synthetic/{task.name}/{variant}"] = EvalRequest(task.task().code, code, OPTIONS,
+                                                                           task_name=task.name)
+    fresh_triton_cache("precision")
+    with Scheduler(device="cuda") as scheduler:
+        results = scheduler.evaluate_many(list(requests.values()))
+    rows = {name: summary(result) for name, result in zip(requests, results)}
+    for name, row in rows.items():
+        q = row["precision"] or {}
+        print(f"  {name:<60} {row['status']:<10} ratio {q.get('ratio')} cand {q.get('candidate_error')} "
+              f"ref {q.get('reference_error')}", flush=True)
+    legit = [r["precision"]["ratio"] for n, r in rows.items() if not n.startswith("downcast") and r["precision"]]
+    downcast = [r["precision"]["ratio"] for n, r in rows.items() if n.startswith("downcast") and r["precision"]]
+    return {"rows": rows, "max_legit_ratio": max(legit) if legit else None,
+            "min_downcast_ratio": min(downcast) if downcast else None}
 
 
 SECTIONS = {name[len("section_"):]: fn for name, fn in globals().items() if name.startswith("section_")}

@@ -13,8 +13,8 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.mark.slow
-def test_phases_section_breaks_an_evaluation_down_by_step(monkeypatch):
-    monkeypatch.syspath_prepend(str(REPO / "benchmarks"))  # importable by name: the spawned processes unpickle it
+def test_phases_section_breaks_an_evaluation_down_by_phase(monkeypatch):
+    monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
     gpu_bench = importlib.import_module("gpu_bench")
     options = EvalOptions(device="cpu", perf_trials=5, warmup_trials=1)
     pairs = [(name, EvalRequest((REPO / "examples" / "tasks" / f"{name}.py").read_text(),
@@ -24,20 +24,10 @@ def test_phases_section_breaks_an_evaluation_down_by_step(monkeypatch):
     for name, _ in pairs:
         row = data[name]
         assert row["status"] == "correct", row
-        assert row["input_bytes"] == {"1_vector_add": 2 * 5003 * 4, "2_relu": 16 * 300 * 4}[name]
-        correctness, timing = row["correctness"], row["timing"]
-        for steps in (correctness["steps_s"], correctness["steps_first_s"]):
-            assert set(steps) == set(gpu_bench.CORRECTNESS_STEPS)
-            assert all(isinstance(v, float) and v >= 0 for v in steps.values()), steps
-        assert correctness["steps_s"]["candidate_call"] > 0 and correctness["steps_s"]["mutation_check"] > 0
-        assert sum(correctness["steps_s"].values()) <= correctness["other_trials_s"] + 1e-3
-        assert correctness["first_trial_s"] > 0 and correctness["rest_s"] >= -1e-3
-        steps = timing.pop("steps_s")
-        assert set(steps) == set(gpu_bench.TIMING_STEPS)
-        assert steps["warmup_call"] > 0 and steps["timed_call"] > 0  # no synced calls or honesty check on the CPU
-        assert all(isinstance(v, float) and v >= 0 for v in [*steps.values(), *timing.values()]), timing
-        assert 0 < timing["inputs_s"] <= timing["total_s"] and timing["verify_s"] > 0 and timing["rest_s"] >= -1e-3
-        assert timing["total_s"] <= row["phases_s"]["timing"] + 1e-3
-    assert data["median"]["correctness.steps_s.compare"] > 0
-    assert data["median"]["timing.total_s"] > 0
-    print(data["median"])
+        phases = row["phases_s"]
+        for phase in ("reference", "load", "correctness", "correctness_first_trial", "timing", "ablation",
+                      "start_latency", "confine", "exit"):
+            assert isinstance(phases[phase], float) and phases[phase] >= 0, (phase, phases)
+        assert phases["correctness_first_trial"] <= phases["correctness"]
+        assert row["precision"]["rule"] == "matched"
+    assert data["median"]["correctness"] > 0 and data["median"]["timing"] > 0
