@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import collections
 import contextlib
+import dataclasses
 import importlib.util
 import json
 import os
@@ -153,8 +154,10 @@ def section_rl_batch(args: argparse.Namespace) -> dict:
     from drkernel.tasks.synthetic import generate
 
     tasks = generate("test", args.synthetic_n, seed=0, shape_scale=args.synthetic_scale)
-    level1 = kernelbench_pairs(args.kernelbench)[: args.rl_level1] if args.rl_level1 else []
-    data = rl_batch(tasks, level1, OPTIONS, args.rl_samples, args.rl_identical)
+    options = dataclasses.replace(OPTIONS, device=args.rl_device)
+    level1 = [(name, dataclasses.replace(request, options=options))
+              for name, request in kernelbench_pairs(args.kernelbench)[: args.rl_level1]] if args.rl_level1 else []
+    data = rl_batch(tasks, level1, options, args.rl_samples, args.rl_identical)
     for key in ("distinct", "duplicates", "distinct_per_minute_running", "distinct_per_minute_cold", "start_up_s",
                 "duplicates_cost_s", "level1_per_minute_running", "level1_per_minute_cold"):
         print(f"  {key:<32} {data[key]}", flush=True)
@@ -837,6 +840,7 @@ def main() -> None:
     parser.add_argument("--rl-samples", type=int, default=8, help="samples per synthetic task in `rl_batch`")
     parser.add_argument("--rl-identical", type=int, default=4, help="of them, copies of one answer (>= 1)")
     parser.add_argument("--rl-level1", type=int, default=20, help="level-1 problems in `rl_batch` (0: none)")
+    parser.add_argument("--rl-device", default="cuda", help="`rl_batch`'s device (cpu: a small run on the CPU)")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     for name in args.sections:
