@@ -108,6 +108,7 @@ class Scheduler:
         return self._enqueue(request)
 
     def _enqueue(self, request: EvalRequest) -> Future[EvalResult]:
+        """Queue the request for a worker, whatever the cache holds."""
         future: Future[EvalResult] = Future()
         with self._cond:
             if self._closed:
