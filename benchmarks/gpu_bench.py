@@ -6,7 +6,9 @@ Sections: env, hacks, kernelbench, onebyone, repeat, dobench, degenerate, scalin
 prints a short table and writes DIR/<section>.json with every number. `ray` needs Ray installed; `scaling` and `ray`
 use every visible GPU.
 
-Issue 14's sections: stability, throughput, memo, phases. Issue 26's: precision.
+Issue 14's sections: stability, throughput, memo, phases. Issue 20's: rl_batch (a training step's batch,
+duplicates included, and the level-1 set: rates of a running and a cold scheduler, phase medians). Issue 26's:
+precision.
 """
 
 from __future__ import annotations
@@ -75,6 +77,7 @@ def summary(result: EvalResult) -> dict:
         "duration_s": result.duration_s,
         "error": result.error.message[:1200] if result.error else None,
         "phases_s": result.phases_s,
+        "cached": result.cached,
     }
 
 
@@ -105,15 +108,17 @@ def section_kernelbench(args: argparse.Namespace) -> dict:
     return run_batch(kernelbench_pairs(args.kernelbench), "kernelbench", overlap=None)
 
 
-def run_batch(pairs: list[tuple[str, EvalRequest]], tag: str, overlap: int | None) -> dict:
+def run_batch(pairs: list[tuple[str, EvalRequest]], tag: str, overlap: int | None, device: str = "cuda",
+              workers: int | None = None) -> dict:
     """The problems through a fresh scheduler with a cold Triton cache: rate, overheads, per-phase medians. Two
     rates: `per_minute` from the scheduler's construction to its close (its start-up included), and
     `per_minute_running` from the submission, once its worker is up, to the last result (what a long-lived
-    scheduler, as in training, gives); each problem's [start, end] relative to the submission."""
+    scheduler, as in training, gives); each problem's [start, end] relative to the submission. Duplicates answered
+    by the result cache (`cached`) count in the rates but not in the overheads, phases and durations."""
     fresh_triton_cache(tag)
     start = time.monotonic()
     finished: dict[int, float] = {}
-    with Scheduler(device="cuda", overlap=overlap) as scheduler:
+    with Scheduler(device=device, workers=workers, overlap=overlap) as scheduler:
         ready = scheduler.wait_ready(timeout=300)
         submitted = time.monotonic()
         futures = {scheduler.submit(request): index for index, (_, request) in enumerate(pairs)}
@@ -129,17 +134,89 @@ def run_batch(pairs: list[tuple[str, EvalRequest]], tag: str, overlap: int | Non
         row["overhead_s"] = (result.duration_s or 0) - row["gpu_work_s"]
         row["span_s"] = [round(finished[index] - (result.duration_s or 0), 3), round(finished[index], 3)]
         rows[name] = row
-    overheads = [r["overhead_s"] for r in rows.values() if r["status"] == "correct"]
-    phases = sorted({k for r in rows.values() for k in (r["phases_s"] or {})})
+    ran = [r for r in rows.values() if not r["cached"]]
+    overheads = [r["overhead_s"] for r in ran if r["status"] == "correct"]
+    phases = sorted({k for r in ran for k in (r["phases_s"] or {})})
     return {"wall_s": wall, "evaluations": len(pairs), "per_minute": 60 * len(pairs) / wall,
             "start_up_s": submitted - start, "ready": ready, "running_s": running,
             "per_minute_running": 60 * len(pairs) / running,
             "median_overhead_s": statistics.median(overheads) if overheads else None,
             "max_overhead_s": max(overheads) if overheads else None,
-            "phase_median_s": {k: statistics.median(r["phases_s"].get(k, 0.0) for r in rows.values()) for k in phases},
-            "phase_total_s": {k: sum(r["phases_s"].get(k, 0.0) for r in rows.values()) for k in phases},
-            "duration_total_s": sum(r["duration_s"] or 0 for r in rows.values()),
+            "phase_median_s": {k: statistics.median(r["phases_s"].get(k, 0.0) for r in ran) for k in phases},
+            "phase_total_s": {k: sum(r["phases_s"].get(k, 0.0) for r in ran) for k in phases},
+            "duration_total_s": sum(r["duration_s"] or 0 for r in ran),
+            "ran": len(ran), "cached": len(rows) - len(ran),
             "problems": rows}
+
+
+def section_rl_batch(args: argparse.Namespace) -> dict:
+    """Issue 20: the batch of one RL step on the synthetic test tasks (`--synthetic-n` x `--rl-samples`, of which
+    `--rl-identical` per task are one answer, as a converged policy repeats itself), and the first `--rl-level1`
+    level-1 problems."""
+    from drkernel.tasks.synthetic import generate
+
+    tasks = generate("test", args.synthetic_n, seed=0, shape_scale=args.synthetic_scale)
+    options = dataclasses.replace(OPTIONS, device=args.rl_device)
+    level1 = [(name, dataclasses.replace(request, options=options))
+              for name, request in kernelbench_pairs(args.kernelbench)[: args.rl_level1]] if args.rl_level1 else []
+    data = rl_batch(tasks, level1, options, args.rl_samples, args.rl_identical)
+    for key in ("distinct", "duplicates", "distinct_per_minute_running", "distinct_per_minute_cold", "start_up_s",
+                "duplicates_cost_s", "level1_per_minute_running", "level1_per_minute_cold"):
+        print(f"  {key:<32} {data[key]}", flush=True)
+    return data
+
+
+def rl_shaped(tasks: list, options: EvalOptions, samples: int, identical: int) -> list[tuple[str, EvalRequest]]:
+    """A training step's batch: per task, `identical` samples are the same answer (the fused solution: the policy
+    has converged on it) and the other samples are distinct, the task's other variants in turn (rotated from task
+    to task, so that every variant appears), a variant repeated within a task told apart by a comment, as two
+    samplings of one answer differ."""
+    from drkernel.tasks.synthetic_solutions import solutions
+
+    if not 1 <= identical <= samples:
+        raise ValueError(f"--rl-identical must lie in [1, --rl-samples], not {identical}")
+    batch = []
+    for index, task in enumerate(tasks):
+        variants = solutions(task)
+        mode = variants.pop("fused")
+        others = list(variants.items())
+        codes = [("fused", mode)] * identical
+        for slot in range(samples - identical):
+            variant, code = others[(index + slot) % len(others)]
+            codes.append((variant, code if slot < len(others) else f"# sample {slot}\n{code}"))
+        reference = task.task().code
+        batch += [(f"{task.name}/{sample}:{variant}", EvalRequest(reference, code, options, task_name=task.name))
+                  for sample, (variant, code) in enumerate(codes)]
+    return batch
+
+
+def rl_batch(tasks: list, level1: list[tuple[str, EvalRequest]], options: EvalOptions, samples: int, identical: int,
+             workers: int | None = None) -> dict:
+    """The RL-shaped batch through a fresh scheduler (rates of distinct candidates, running and cold), its distinct
+    candidates alone through another (what the duplicates cost: the difference of the running times), and the
+    level-1 set through a third; phase medians over the evaluations that ran."""
+    batch = rl_shaped(tasks, options, samples, identical)
+    firsts: dict[tuple[str, str], tuple[str, EvalRequest]] = {}
+    for name, request in batch:
+        firsts.setdefault((request.task_name, request.candidate), (name, request))
+    distinct = list(firsts.values())
+    full = run_batch(batch, "rl-batch", overlap=None, device=options.device, workers=workers)
+    alone = run_batch(distinct, "rl-distinct", overlap=None, device=options.device, workers=workers)
+    l1 = run_batch(level1, "rl-level1", overlap=None, device=options.device, workers=workers) if level1 else None
+    n = len(distinct)
+    return {
+        "tasks": len(tasks), "samples": len(batch), "distinct": n, "duplicates": len(batch) - n,
+        "distinct_per_minute_running": 60 * n / full["running_s"], "distinct_per_minute_cold": 60 * n / full["wall_s"],
+        "start_up_s": full["start_up_s"], "ran": full["ran"], "cached": full["cached"],
+        "duplicates_cost_s": full["running_s"] - alone["running_s"],
+        "distinct_alone_per_minute_running": 60 * n / alone["running_s"],
+        "phase_median_s": full["phase_median_s"], "median_overhead_s": full["median_overhead_s"],
+        "statuses": dict(collections.Counter(row["status"] for row in full["problems"].values())),
+        "level1_per_minute_running": l1["per_minute_running"] if l1 else None,
+        "level1_per_minute_cold": l1["per_minute"] if l1 else None,
+        "level1_phase_median_s": l1["phase_median_s"] if l1 else None,
+        "runs": {"batch": full, "distinct": alone, "level1": l1},
+    }
 
 
 def section_agent(args: argparse.Namespace) -> dict:
@@ -290,7 +367,7 @@ def section_throughput(args: argparse.Namespace) -> dict:
 def section_repeat(args: argparse.Namespace) -> dict:
     pairs = dict(kernelbench_pairs(args.kernelbench))
     out = {}
-    with Scheduler(device="cuda") as scheduler:
+    with Scheduler(device="cuda", cache_entries=0) as scheduler:  # the same request, measured again each time
         for name in args.repeat_problems:
             results = scheduler.evaluate_many([pairs[name]] * args.repeats)
             speedups = [r.speedup for r in results if r.speedup is not None]
@@ -375,7 +452,8 @@ def section_degenerate(args: argparse.Namespace) -> dict:
 def section_scaling(args: argparse.Namespace) -> dict:
     """The embedded scheduler on 1 GPU and on every GPU of this machine: the same batch, steady-state rates."""
     gpus = len(discover_gpus())
-    return scaling(args, {n: (lambda n=n: Scheduler(device="cuda", workers=n)) for n in sorted({1, gpus})})
+    make = {n: (lambda n=n: Scheduler(device="cuda", workers=n, cache_entries=0)) for n in sorted({1, gpus})}
+    return scaling(args, make)  # no result cache: the batch repeats each problem
 
 
 def section_ray(args: argparse.Namespace) -> dict:
@@ -451,7 +529,7 @@ def section_stability(args: argparse.Namespace) -> dict:
     """`--repeats` evaluations of one candidate per case through the scheduler: CV of the speedup and of each side's
     median, and both medians against triton.testing.do_bench's in this process."""
     out = {}
-    with Scheduler(device="cuda") as scheduler:
+    with Scheduler(device="cuda", cache_entries=0) as scheduler:  # the same request, measured again each time
         for name, request in stability_cases(args).items():
             results = scheduler.evaluate_many([request] * args.repeats)
             ok = [r for r in results if r.speedup is not None and r.timing and r.timing.candidate]
@@ -647,6 +725,10 @@ def main() -> None:
     parser.add_argument("--synthetic-n", type=int, default=16, help="test-split tasks of the synthetic section")
     parser.add_argument("--synthetic-scale", type=float, default=1.0, help="their shape_scale")
     parser.add_argument("--phases-limit", type=int, default=20, help="problems broken down in `phases`")
+    parser.add_argument("--rl-samples", type=int, default=8, help="samples per synthetic task in `rl_batch`")
+    parser.add_argument("--rl-identical", type=int, default=4, help="of them, copies of one answer (>= 1)")
+    parser.add_argument("--rl-level1", type=int, default=20, help="level-1 problems in `rl_batch` (0: none)")
+    parser.add_argument("--rl-device", default="cuda", help="`rl_batch`'s device (cpu: a small run on the CPU)")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     for name in args.sections:

@@ -140,6 +140,7 @@ class EvalResult:
     notes: list[str] = field(default_factory=list)  # e.g. degenerate task, warnings
     duration_s: float | None = None  # wall time of the evaluation, from its start signal to its result
     phases_s: dict[str, float] = field(default_factory=dict)  # where the time went: load, build, correctness, ...
+    cached: bool = False  # an identical request's verdict, shared (drkernel.scheduling.cache): this one did not run
 
     def to_dict(self) -> dict[str, Any]:
         return _finite(dataclasses.asdict(self))

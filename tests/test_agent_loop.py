@@ -395,3 +395,22 @@ def test_fatal_error_mid_run_keeps_turns_and_resume_with_a_valid_key_continues(t
     records = read_trajectories(out)
     assert [(r.turn, r.response, r.context_turns) for r in records] == [
         (1, "Let me think first.", []), (2, "Still thinking.", [1]), (3, "No code yet.", [1, 2])]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("cache", ["4096", "0"], ids=["cache", "no-cache"])
+def test_bench_judges_identical_answers_once_and_records_it(tmp_path, cache):
+    """Three samples give the same answer: with the result cache one is judged, the others' records say cached."""
+    script = ChatScript({"2_relu": [fenced(candidate("2_relu__wrong"))]})
+    out = tmp_path / "run"
+    with ScriptedChatServer(script) as server:
+        done = invoke(["--tasks", str(REPO / "examples" / "tasks"), "--name", "2_relu", "--model", "scripted",
+                       "--base-url", server.url, "--samples", "3", "--no-perf", "--trials", "1", "--timeout", "120",
+                       "--result-cache", cache, "--out", str(out)])
+    assert done.exit_code == 0, done.output
+    records = read_trajectories(out)
+    assert [r.status for r in records] == ["incorrect"] * 3
+    cached = sorted(r.cached for r in records)
+    assert cached == ([False, True, True] if cache != "0" else [False] * 3)
+    assert json.loads((out / "summary.json").read_text())["turns_cached"] == sum(cached)
+    assert json.loads((out / "config.json").read_text())["result_cache"] == int(cache)

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from drkernel.schema import ErrorInfo, EvalOptions, EvalRequest, EvalResult, Status
-from drkernel.service.store import Store, cache_key, cacheable
+from drkernel.scheduling.cache import cache_key, cacheable
+from drkernel.service.store import Store
 
 
 def request(candidate: str = "class ModelNew: ...", **options: object) -> EvalRequest:
@@ -82,13 +83,13 @@ def test_only_reproducible_verdicts_answer_duplicates(store: Store, result: Eval
     record = store.get(duplicate.id)
     assert record is not None and (record.state == "done") is reusable and record.cached is reusable
     if reusable:
-        assert record.result == result.to_dict()
+        assert record.result == {**result.to_dict(), "cached": True}  # the same verdict, marked as shared
 
 
 def test_the_cache_key_is_what_decides_a_verdict() -> None:
     base = cache_key(request(), "cpu")
     assert cache_key(request(device="cpu"), "cpu") == base  # "auto" resolved on this server is "cpu"
-    assert cache_key(EvalRequest("class Model: ...", "class ModelNew: ...", task_name="x"), "cpu") == base
+    assert cache_key(EvalRequest("class Model: ...", "class ModelNew: ...", task_name="x"), "cpu") != base  # never across tasks
     assert cache_key(request(), "cuda") != base
     assert cache_key(request(seed=7), "cpu") != base
     assert cache_key(request("other"), "cpu") != base

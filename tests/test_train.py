@@ -117,8 +117,8 @@ def test_mrs_per_turn_rejects_a_mismatched_turn_only():
 class _ScriptedEvaluator:
     """Fails `failures` times, then gives `status` to every code (for the rollout's own logic, not KernelGym's)."""
 
-    def __init__(self, failures: int, status: str = "correct") -> None:
-        self.failures, self.status = failures, status
+    def __init__(self, failures: int, status: str = "correct", cached: bool = False) -> None:
+        self.failures, self.status, self.cached = failures, status, cached
 
     async def evaluate(self, task, code):
         from drkernel.schema import EvalResult
@@ -126,7 +126,7 @@ class _ScriptedEvaluator:
         if self.failures:
             self.failures -= 1
             raise ConnectionError("evaluator down")
-        return EvalResult(status=self.status, correct=self.status == "correct")
+        return EvalResult(status=self.status, correct=self.status == "correct", cached=self.cached)
 
 
 @pytest.fixture(scope="module")
@@ -188,6 +188,23 @@ def test_crashed_evaluation_is_reward_zero_and_counted(tiny_policy):
     rollout.run([traj], [0])
     assert [(r.status, r.reward) for r in traj.records] == [("crashed", 0.0), ("crashed", 0.0)]
     assert (rollout.stats.evaluations, rollout.stats.crashed) == (2, 2)
+
+
+def test_cached_evaluations_are_counted_and_recorded(tiny_policy):
+    code = (CANDIDATES / "2_relu__triton.py").read_text()
+    _, rollout, traj = _rollout(tiny_policy, _ScriptedEvaluator(0, cached=True), [f"```python\n{code}```"] * 2)
+    rollout.run([traj], [0])
+    assert [r.cached for r in traj.records] == [True, True]
+    assert (rollout.stats.evaluations, rollout.stats.cached) == (2, 2)
+
+
+def test_the_result_cache_setting_reaches_the_evaluator():
+    from drkernel.train.run import bench_config
+
+    assert bench_config(load_config(TINY, ["eval_cache_entries=0"]), "m").result_cache == 0
+    assert bench_config(load_config(TINY, []), "m").result_cache == 4096
+    with pytest.raises(ConfigError, match="eval_cache_entries must be >= 0"):
+        load_config(TINY, ["eval_cache_entries=-1"])
 
 
 # --- training -------------------------------------------------------------------------------------------------

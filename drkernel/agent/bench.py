@@ -37,6 +37,7 @@ from drkernel.rl import RewardConfig
 from drkernel.runner.devices import discover_gpus
 from drkernel.runner.sandbox import gpu_gate_path
 from drkernel.sandbox.gate import DeviceGate
+from drkernel.scheduling.cache import DEFAULT_ENTRIES
 from drkernel.schema import EvalOptions
 from drkernel.tasks import Task, TaskLoadError, load_tasks, select_tasks
 from drkernel.tasks.loaders import load_task_file, python_files, read_jsonl, task_from_row
@@ -68,6 +69,7 @@ class BenchConfig:
     retries: int = 5
     device: str = "auto"
     workers: int | None = None
+    result_cache: int = DEFAULT_ENTRIES  # verdicts of identical answers the embedded scheduler keeps; 0: off
     ray: str | None = None
     service: str | None = None  # URL of a `drkernel serve` service
     service_token_env: str = "DRKERNEL_TOKEN"
@@ -82,6 +84,8 @@ class BenchConfig:
             raise ValueError(f"--base-url is needed for the served model {self.model!r} (or use --model hf:PATH)")
         LoopConfig(self.samples, self.turns, concurrency=self.concurrency)
         self.eval_options()
+        if self.result_cache < 0:
+            raise ValueError(f"--result-cache must be >= 0 (0 switches it off), not {self.result_cache}")
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -210,7 +214,7 @@ def open_evaluator(config: BenchConfig) -> tuple[Evaluator, Callable[[], Any]]:
     else:
         from drkernel.scheduling.scheduler import Scheduler
 
-        backend = Scheduler(device=config.device, workers=config.workers)
+        backend = Scheduler(device=config.device, workers=config.workers, cache_entries=config.result_cache)
     return BackendEvaluator(backend, options), backend.close
 
 

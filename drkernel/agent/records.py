@@ -67,6 +67,11 @@ class TurnRecord(JsonRecord):
     def speedup(self) -> float | None:
         return self.result.get("speedup") if self.result else None
 
+    @property
+    def cached(self) -> bool:
+        """The verdict of an identical earlier answer, shared by the result cache: this turn was not run again."""
+        return bool(self.result and self.result.get("cached"))
+
 
 @dataclass
 class GenerationErrorRecord(JsonRecord):

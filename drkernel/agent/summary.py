@@ -36,6 +36,7 @@ def summarize(records: Sequence[TurnRecord]) -> dict[str, Any]:
         "tasks": len({turns[0].task for turns in trajectories}),
         "turns": width,
         "turns_judged": len(records),
+        "turns_cached": sum(r.cached for r in records),  # judged by the result cache: an identical earlier answer
         "per_turn": {
             "trajectories": per_turn_count,
             "correct": [

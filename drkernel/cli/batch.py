@@ -70,7 +70,8 @@ def run_batch(
         console.print(f"results: {out}")
 
 
-def _backend(device: str, workers: int | None, ray_address: str | None) -> Any:
+def _backend(device: str, workers: int | None, ray_address: str | None, cache: bool = True) -> Any:
+    """`cache=False` for the service: its store is the result cache, under the same key."""
     from drkernel.cli.main import fail
 
     try:
@@ -80,7 +81,7 @@ def _backend(device: str, workers: int | None, ray_address: str | None) -> Any:
             return RayBackend(address=ray_address, device=device)
         from drkernel.scheduling.scheduler import Scheduler
 
-        return Scheduler(device=device, workers=workers)
+        return Scheduler(device=device, workers=workers, **({} if cache else {"cache_entries": 0}))
     except (RuntimeError, ValueError, ImportError) as exc:
         raise fail(str(exc))
 

@@ -68,6 +68,8 @@ def bench_command(
     device: Optional[str] = typer.Option(_UNSET, "--device", help="Evaluation device: auto, cpu or cuda "
                                          "[default: auto]."),
     workers: Optional[int] = typer.Option(_UNSET, "--workers", min=1, help="Evaluation workers."),
+    result_cache: Optional[int] = typer.Option(_UNSET, "--result-cache", min=0, help="Verdicts of identical "
+                                               "answers the embedded scheduler keeps; 0: off [default: 4096]."),
     ray: Optional[str] = typer.Option(_UNSET, "--ray", help="Evaluate on a Ray cluster: its address, or auto."),
     service: Optional[str] = typer.Option(_UNSET, "--service", help="Evaluate on a drkernel serve URL "
                                           "(token from $DRKERNEL_TOKEN)."),
@@ -92,7 +94,7 @@ def bench_command(
         "context": context, "temperature": temperature, "top_p": top_p, "max_tokens": max_tokens, "stop": stop,
         "seed": seed, "prompts": prompts, "profiling_reward": profiling_reward, "concurrency": concurrency,
         "request_timeout_s": request_timeout, "retries": retries, "device": device,
-        "workers": workers, "ray": ray, "service": service, "timeout_s": timeout, "correctness_trials": trials,
+        "workers": workers, "result_cache": result_cache, "ray": ray, "service": service, "timeout_s": timeout, "correctness_trials": trials,
         "perf_trials": perf_trials, "measure_performance": None if no_perf is None else not no_perf,
     }
     given = {key: value for key, value in given.items() if value not in (None, [])}

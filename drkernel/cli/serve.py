@@ -48,7 +48,7 @@ def serve_command(
         raise fail(f"the service needs its extra: pip install 'drkernel[serve]' ({exc})")
     from drkernel.cli.batch import _backend
 
-    backend = _backend(device, workers, ray)
+    backend = _backend(device, workers, ray, cache=False)
     dispatcher = Dispatcher(Store(store), backend, backend.device,
                             retention_s=retention_days * 86400 if retention_days > 0 else None)
     err.print(f"store: {store}; device: {backend.device}; workers: {len(backend.workers())}")

@@ -6,7 +6,8 @@ run (two prepared beyond those running: CUDA start-up takes seconds); on a GPU t
 loading, compilation and correctness checks overlapping, while the device gate gives each one's timing and profiling
 the GPU alone (timings stay clean; `overlap=1` runs one at a time). A worker that dies (killed, crashed outside any evaluation) takes nothing with it: its jobs go
 back to the front of the queue and run again, up to `max_attempts`. A candidate's own failure is a result, never
-retried. No server, no ports, no extra processes beyond the workers.
+retried. No server, no ports, no extra processes beyond the workers. Identical requests are judged once
+(drkernel.scheduling.cache): a duplicate gets the earlier verdict, marked `cached`, or waits for its twin's run.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from typing import IO, Callable, Iterable, Iterator, Protocol
 
 from drkernel.runner.devices import discover_gpus, resolve_device
 from drkernel.runner.sandbox import GPU_OVERLAP, memory_share_mb
+from drkernel.scheduling.cache import DEFAULT_ENTRIES, ResultCache
 from drkernel.schema import ErrorInfo, EvalRequest, EvalResult, Status
 
 PREPARED_AHEAD = 2  # jobs forked and starting up per worker beyond those running (CUDA start-up takes seconds)
@@ -68,9 +70,15 @@ class _Slot:
 
 class Scheduler:
     def __init__(
-        self, device: str = "auto", workers: int | None = None, max_attempts: int = 3, overlap: int | None = None
+        self, device: str = "auto", workers: int | None = None, max_attempts: int = 3, overlap: int | None = None,
+        cache_entries: int = DEFAULT_ENTRIES,
     ) -> None:
+        """`cache_entries`: verdicts kept for identical requests (least recently used dropped); 0 switches the
+        cache off, every request then runs."""
         self.device = resolve_device(device)
+        if cache_entries < 0:
+            raise ValueError("cache_entries must be >= 0 (0 switches the result cache off)")
+        self.cache = ResultCache(self.device, cache_entries) if cache_entries else None
         self.max_attempts = max_attempts
         self.overlap = overlap  # evaluations running at once per worker (drkernel.runner.sandbox.DeviceQueue)
         if self.device == "cuda":
@@ -95,6 +103,12 @@ class Scheduler:
     # Public ------------------------------------------------------------------------------------------------
 
     def submit(self, request: EvalRequest) -> Future[EvalResult]:
+        if self.cache is not None:
+            return self.cache.submit(request, self._enqueue)
+        return self._enqueue(request)
+
+    def _enqueue(self, request: EvalRequest) -> Future[EvalResult]:
+        """Queue the request for a worker, whatever the cache holds."""
         future: Future[EvalResult] = Future()
         with self._cond:
             if self._closed:

@@ -23,9 +23,10 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Iterator
 
+from drkernel.scheduling.cache import cache_key, cacheable
 from drkernel.scheduling.scheduler import JOBS_PER_WORKER, Backend
 from drkernel.schema import EvalRequest, EvalResult, Status
-from drkernel.service.store import Record, Store, cache_key, cacheable
+from drkernel.service.store import Record, Store
 
 log = logging.getLogger(__name__)
 

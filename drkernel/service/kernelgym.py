@@ -21,10 +21,11 @@ from typing import Any, Literal, Optional
 from fastapi import APIRouter, HTTPException
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from drkernel.scheduling.cache import infrastructure_failure
 from drkernel.schema import EvalOptions, EvalRequest, EvalResult, Status
 from drkernel.service.dispatcher import Dispatcher
 from drkernel.service.models import Source
-from drkernel.service.store import Record, infrastructure_failure
+from drkernel.service.store import Record
 
 KernelGymStatus = Literal["pending", "processing", "completed", "failed", "timeout"]
 REFERENCE_MODES = {None: "eager", "pytorch": "eager", "eager": "eager", "torch_compile": "compile",

@@ -12,7 +12,6 @@ Rows move `queued -> running -> done`. `running` only says the row was handed to
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import os
 import sqlite3
@@ -23,21 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
-from drkernel.schema import EvalRequest, EvalResult, Status
-
-# Verdicts a rerun reproduces: they depend only on the sources, the options and the device type.
-# TIMEOUT and CRASHED are left out: they mix the candidate's behaviour with the machine's state (load, memory
-# caps, a killed worker), so a rerun may well end differently.
-REPRODUCIBLE_STATUSES = frozenset(
-    s.value
-    for s in (Status.CORRECT, Status.INCORRECT, Status.HACKED, Status.COMPILE_ERROR, Status.RUNTIME_ERROR,
-              Status.INVALID)
-)
-# Error kinds that blame the harness, not the candidate: the scheduler's lost worker, the sandbox's set-up, a
-# backend that raised (drkernel.service.dispatcher).
-INFRASTRUCTURE_ERRORS = frozenset({"WorkerLost", "SandboxError", "BackendError"})
-# Hack reasons read from timing noise (drkernel.sandbox.guards SIDE_STREAM, IMPOSSIBLE_SPEED): not reproducible.
-TIMING_HACK_REASONS = frozenset({"side_stream_timing", "impossible_speed"})
+from drkernel.scheduling.cache import as_cached, cacheable
+from drkernel.schema import EvalRequest, EvalResult
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS evaluations (
@@ -60,34 +46,6 @@ CREATE TABLE IF NOT EXISTS aliases (
     id TEXT NOT NULL REFERENCES evaluations (id) ON DELETE CASCADE
 );
 """
-
-
-def infrastructure_failure(result: EvalResult) -> bool:
-    """The harness failed, not the candidate: the verdict says nothing about the kernel."""
-    return result.error is not None and result.error.kind in INFRASTRUCTURE_ERRORS
-
-
-def cacheable(result: EvalResult) -> bool:
-    """Whether a rerun of the same request on the same device type would give the same verdict."""
-    return (
-        result.status in REPRODUCIBLE_STATUSES
-        and not infrastructure_failure(result)
-        and not TIMING_HACK_REASONS.intersection(result.hack_reasons)
-    )
-
-
-def cache_key(request: EvalRequest, device: str) -> str:
-    """sha256 of what decides a verdict: both sources, the options, and the device type that runs them.
-
-    The options' `device` is replaced by the resolved device, so "auto" and "cpu" on a CPU server share entries;
-    the task name is left out, it changes nothing in the evaluation.
-    """
-    options = {**request.options.to_dict(), "device": device}
-    payload = json.dumps(
-        {"reference": request.reference, "candidate": request.candidate, "options": options, "device": device},
-        sort_keys=True,
-    )
-    return hashlib.sha256(payload.encode()).hexdigest()
 
 
 @dataclass
@@ -138,8 +96,8 @@ class Store:
                 )
                 hit = self._cached(db, key)
                 if hit is not None:
-                    row.result = EvalResult.from_json(hit)
-                    self._write(db, row.id, row.result, hit, cached=True)
+                    row.result = as_cached(EvalResult.from_json(hit))
+                    self._write(db, row.id, row.result, cached=True)
                 out.append(row)
         return out
 
@@ -152,9 +110,10 @@ class Store:
 
         Returns the ids that were written: a row already done keeps its first result.
         """
-        text = result.to_json()
+        shared = as_cached(result)
         with self._transaction() as db:
-            return [id for position, id in enumerate(ids) if self._write(db, id, result, text, cached=position > 0)]
+            return [id for position, id in enumerate(ids)
+                    if self._write(db, id, shared if position else result, cached=bool(position) or result.cached)]
 
     def alias(self, name: str, id: str) -> None:
         """Let a client's own name (KernelGYM's task_id) point at an evaluation."""
@@ -174,7 +133,7 @@ class Store:
     def cached(self, key: str) -> EvalResult | None:
         with self._lock:
             hit = self._cached(self._db, key)
-        return None if hit is None else EvalResult.from_json(hit)
+        return None if hit is None else as_cached(EvalResult.from_json(hit))
 
     def get(self, id: str) -> Record | None:
         with self._lock:
@@ -221,12 +180,12 @@ class Store:
         return None if row is None else row[0]
 
     @staticmethod
-    def _write(db: sqlite3.Connection, id: str, result: EvalResult, text: str, cached: bool) -> bool:
-        """Mark one row done with a result (and its JSON text); False when it was done already."""
+    def _write(db: sqlite3.Connection, id: str, result: EvalResult, cached: bool) -> bool:
+        """Mark one row done with a result; False when it was done already."""
         cursor = db.execute(
             "UPDATE evaluations SET state = 'done', result = ?, status = ?, reusable = ?, cached = ?, "
             "finished_at = ? WHERE id = ? AND state != 'done'",
-            (text, result.status, cacheable(result), cached, time.time(), id),
+            (result.to_json(), result.status, cacheable(result), cached, time.time(), id),
         )
         return cursor.rowcount > 0
 

@@ -16,6 +16,7 @@ from typing import Any
 
 from drkernel.agent.context import ContextPolicy
 from drkernel.rl import RewardConfig
+from drkernel.scheduling.cache import DEFAULT_ENTRIES
 from drkernel.schema import EvalOptions
 from drkernel.tasks.loaders import require
 from drkernel.train.signals import ESTIMATORS
@@ -53,6 +54,7 @@ class TrainConfig:
     evaluator: str = "embedded"  # "embedded", "http://host:port" (the service) or "ray://..." / "ray:auto"
     eval_token_env: str = "DRKERNEL_TOKEN"  # the environment variable holding the service's bearer token
     eval_workers: int | None = None  # embedded scheduler workers (default: one per GPU, or per 2 CPU cores)
+    eval_cache_entries: int = DEFAULT_ENTRIES  # verdicts of identical answers the embedded scheduler keeps; 0: off
     eval_device: str = "auto"
     eval_timeout_s: float = 180.0
     correctness_trials: int = 5
@@ -107,6 +109,8 @@ class TrainConfig:
         problems = []
         if self.turns < 1:
             problems.append(f"turns must be at least 1, not {self.turns}")
+        if self.eval_cache_entries < 0:
+            problems.append(f"eval_cache_entries must be >= 0 (0 switches the result cache off), not {self.eval_cache_entries}")
         if self.num_generations < 2:
             problems.append(f"num_generations must be at least 2 (a group needs a baseline), not {self.num_generations}")
         if self.advantage_estimator not in ESTIMATORS:

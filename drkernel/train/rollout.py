@@ -60,6 +60,7 @@ class RolloutStats:
     evaluation_s: float = 0.0
     evaluations: int = 0
     crashed: int = 0  # evaluations whose result was a crash of the evaluation itself: reward 0
+    cached: int = 0  # evaluations answered by the result cache (an identical answer judged before)
 
 
 async def _evaluate_with_retry(evaluator: Evaluator, task: Task, code: str, retries: int, backoff_s: float) -> EvalResult:
@@ -192,6 +193,7 @@ class MultiTurnRollout:
         if result is not None:
             self.stats.evaluations += 1
             self.stats.crashed += result.status == Status.CRASHED.value
+            self.stats.cached += result.cached
         value = reward(result, self.reward_config) if result is not None else 0.0
         feedback = feedback_prompt(result, code, self.templates)
         messages, context_turns = build_messages(traj.first_prompt, traj.shown, self.context)

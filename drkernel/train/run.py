@@ -60,6 +60,7 @@ def bench_config(config: TrainConfig, model_path: str) -> BenchConfig:
         profiling_reward=config.profiling_reward,
         device=config.eval_device,
         workers=config.eval_workers,
+        result_cache=config.eval_cache_entries,
         ray=ray,
         service=service,
         service_token_env=config.eval_token_env,

@@ -284,6 +284,7 @@ class DrKernelTrainer(trl.GRPOTrainer):
             "tokens": int(tokens.item()),
             "evaluations": stats.evaluations,
             "evaluation_crashes": stats.crashed,
+            "evaluations_cached": stats.cached,
             "time_generation_s": stats.generation_s,
             "time_evaluation_s": stats.evaluation_s,
         }
