@@ -395,3 +395,30 @@ def test_fatal_error_mid_run_keeps_turns_and_resume_with_a_valid_key_continues(t
     records = read_trajectories(out)
     assert [(r.turn, r.response, r.context_turns) for r in records] == [
         (1, "Let me think first.", []), (2, "Still thinking.", [1]), (3, "No code yet.", [1, 2])]
+
+
+def test_replay_server_has_a_command_line(tmp_path):
+    """`python -m drkernel.agent.replay` serves a script file and says where; bad usage exits 2 (friction 5)."""
+    import os
+    import subprocess
+    import sys
+    import urllib.request
+
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
+    bare = subprocess.run([sys.executable, "-m", "drkernel.agent.replay"], capture_output=True, text=True, env=env)
+    assert bare.returncode == 2 and "--script" in bare.stderr
+    script = tmp_path / "script.json"
+    script.write_text(json.dumps({"replies": {"relu": ["hello"]}}))
+    server = subprocess.Popen([sys.executable, "-m", "drkernel.agent.replay", "--script", str(script), "--port", "0"],
+                              stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        line = server.stderr.readline()
+        assert "scripted OpenAI-compatible server at http://127.0.0.1:" in line
+        url = line.split(" at ")[1].split()[0]
+        request = urllib.request.Request(f"{url}/chat/completions", data=json.dumps({"messages": []}).encode(),
+                                         headers={"X-Drkernel-Request": "relu/0/1", "Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=10) as response:
+            assert json.load(response)["choices"][0]["message"]["content"] == "hello"
+    finally:
+        server.terminate()
+        server.wait(timeout=10)
