@@ -19,8 +19,8 @@ from rich.table import Table
 _UNSET: Any = None  # options left unset fall back to the saved config on --resume, else to BenchConfig's defaults
 
 
-def parse_ids(texts: list[str]) -> list[int]:
-    """'1,2,19' or '1-5,19' (the option may be repeated) as a list of problem ids."""
+def parse_ids(texts: list[str], option: str = "--problems") -> list[int]:
+    """'1,2,19' or '1-5,19' (the option may be repeated) as a list of ids (problem ids, levels)."""
     from drkernel.cli.main import fail
 
     ids: list[int] = []
@@ -32,14 +32,14 @@ def parse_ids(texts: list[str]) -> list[int]:
         try:
             ids.extend(range(int(start), int(end) + 1) if dash else [int(start)])
         except ValueError:
-            raise fail(f"--problems takes ids like 1,2,19 or 1-5, not {text!r}")
+            raise fail(f"{option} takes numbers like 1,2,19 or 1-5, not {text!r}")
     return ids
 
 
 def bench_command(
     out: Path = typer.Option(..., "--out", help="Run directory: trajectories.jsonl, config.json, summary.json."),
     tasks: Optional[str] = typer.Option(_UNSET, "--tasks", help="A folder of tasks, a .jsonl/.parquet, or hub:."),
-    level: Optional[list[int]] = typer.Option(_UNSET, "--level", help="Only tasks of these levels."),
+    level: Optional[list[str]] = typer.Option(_UNSET, "--level", help="Only tasks of these levels: 1,2 or 1-3."),
     problems: Optional[list[str]] = typer.Option(_UNSET, "--problems", help="Only these problem ids: 1,2,19 or "
                                                  "1-5."),
     name: Optional[list[str]] = typer.Option(_UNSET, "--name", help="Only tasks with these names (globs)."),
@@ -87,7 +87,7 @@ def bench_command(
     from drkernel.tasks import TaskLoadError
 
     given = {
-        "tasks": tasks, "levels": level, "problems": parse_ids(problems) if problems else None, "names": name,
+        "tasks": tasks, "levels": parse_ids(level, "--level") if level else None, "problems": parse_ids(problems) if problems else None, "names": name,
         "model": model, "base_url": base_url, "api_key_env": api_key_env, "samples": samples, "turns": turns,
         "context": context, "temperature": temperature, "top_p": top_p, "max_tokens": max_tokens, "stop": stop,
         "seed": seed, "prompts": prompts, "profiling_reward": profiling_reward, "concurrency": concurrency,
