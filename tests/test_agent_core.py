@@ -173,3 +173,19 @@ def test_retry_after_header_values():
     assert _retry_after("100000") == MAX_RETRY_AFTER_S
     assert 5 < _retry_after(format_datetime(datetime.now(timezone.utc) + timedelta(seconds=10), usegmt=True)) <= 10
     assert _retry_after("not a date, nor a number") == 0.0  # a malformed header waits the backoff, never raises
+
+
+def test_bench_help_shows_every_default_and_help():
+    """rich read '[default: 1]' as markup and dropped it; --temperature, --top-p, --max-tokens had no help (friction 3)."""
+    from typer.testing import CliRunner
+
+    from drkernel.cli.main import app
+
+    text = CliRunner().invoke(app, ["bench", "--help"], env={"COLUMNS": "400"}).output
+    for option, default in (("--samples", "1"), ("--temperature", "1.0"), ("--top-p", "0.95"), ("--max-tokens", "8192"),
+                            ("--concurrency", "32"), ("--timeout", "180"), ("--device", "auto")):
+        line = next(line for line in text.splitlines() if f"{option} " in line)
+        assert f"(default: {default})" in line, line
+    for option in ("--temperature", "--top-p", "--max-tokens"):
+        line = next(line for line in text.splitlines() if f"{option} " in line)
+        assert len(line.split("]", 1)[-1].strip(" │")) > 10, line  # a sentence of help after the type and range

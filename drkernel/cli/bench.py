@@ -46,37 +46,41 @@ def bench_command(
     model: Optional[str] = typer.Option(_UNSET, "--model", help="The served model's name, or hf:PATH (local)."),
     base_url: Optional[str] = typer.Option(_UNSET, "--base-url", help="OpenAI-compatible endpoint, e.g. .../v1"),
     api_key_env: Optional[str] = typer.Option(_UNSET, "--api-key-env", help="Variable holding the API key "
-                                              "[default: OPENAI_API_KEY]; unset sends no key."),
-    samples: Optional[int] = typer.Option(_UNSET, "--samples", min=1, help="Trajectories per task [default: 1]."),
-    turns: Optional[int] = typer.Option(_UNSET, "--turns", min=1, help="Turns per trajectory [default: 1]."),
+                                              "(default: OPENAI_API_KEY); unset sends no key."),
+    samples: Optional[int] = typer.Option(_UNSET, "--samples", min=1, help="Trajectories per task (default: 1)."),
+    turns: Optional[int] = typer.Option(_UNSET, "--turns", min=1, help="Turns per trajectory (default: 1)."),
     context: Optional[str] = typer.Option(_UNSET, "--context", help="Earlier turns each prompt shows: full, "
-                                          "last:K, topk:K or window:K [default: full]."),
-    temperature: Optional[float] = typer.Option(_UNSET, "--temperature", min=0.0, help="[default: 1.0]"),
-    top_p: Optional[float] = typer.Option(_UNSET, "--top-p", min=0.0, max=1.0, help="[default: 0.95]"),
-    max_tokens: Optional[int] = typer.Option(_UNSET, "--max-tokens", min=1, help="[default: 8192]"),
+                                          "last:K, topk:K or window:K (default: full)."),
+    temperature: Optional[float] = typer.Option(_UNSET, "--temperature", min=0.0,
+                                                 help="Sampling temperature (default: 1.0)."),
+    top_p: Optional[float] = typer.Option(_UNSET, "--top-p", min=0.0, max=1.0,
+                                           help="Nucleus sampling: keep tokens up to this probability mass (default: 0.95)."),
+    max_tokens: Optional[int] = typer.Option(_UNSET, "--max-tokens", min=1,
+                                              help="Most tokens per model answer (default: 8192)."),
     stop: Optional[list[str]] = typer.Option(_UNSET, "--stop", help="Stop sequence (repeatable)."),
-    seed: Optional[int] = typer.Option(_UNSET, "--seed", help="Sample i asks with seed + i."),
+    seed: Optional[int] = typer.Option(_UNSET, "--seed", help="Sample i asks with seed + i (default: none sent)."),
     prompts: Optional[str] = typer.Option(_UNSET, "--prompts", help="TOML/JSON file overriding prompt templates."),
     profiling_reward: Optional[bool] = typer.Option(_UNSET, "--profiling-reward/--no-profiling-reward",
-                                                    help="Reward coverage too (PR) [default: off]."),
+                                                    help="Reward coverage too (PR) (default: off)."),
     concurrency: Optional[int] = typer.Option(_UNSET, "--concurrency", min=1,
-                                              help="Trajectories in flight [default: 32]."),
+                                              help="Trajectories in flight (default: 32)."),
     request_timeout: Optional[float] = typer.Option(_UNSET, "--request-timeout", min=0.1,
-                                                    help="Seconds per model request [default: 600]."),
+                                                    help="Seconds per model request (default: 600)."),
     retries: Optional[int] = typer.Option(_UNSET, "--retries", min=0, help="Retries of a failed request "
-                                          "(429, 5xx, connection, timeout) [default: 5]."),
+                                          "(429, 5xx, connection, timeout) (default: 5)."),
     device: Optional[str] = typer.Option(_UNSET, "--device", help="Evaluation device: auto, cpu or cuda "
-                                         "[default: auto]."),
-    workers: Optional[int] = typer.Option(_UNSET, "--workers", min=1, help="Evaluation workers."),
+                                         "(default: auto)."),
+    workers: Optional[int] = typer.Option(_UNSET, "--workers", min=1, help="Evaluation workers "
+                                         "(default: one per GPU; on the CPU, half the cores)."),
     ray: Optional[str] = typer.Option(_UNSET, "--ray", help="Evaluate on a Ray cluster: its address, or auto."),
     service: Optional[str] = typer.Option(_UNSET, "--service", help="Evaluate on a drkernel serve URL "
                                           "(token from $DRKERNEL_TOKEN)."),
     timeout: Optional[float] = typer.Option(_UNSET, "--timeout", min=1.0, help="Seconds per evaluation "
-                                            "[default: 180]."),
-    trials: Optional[int] = typer.Option(_UNSET, "--trials", min=1, help="Correctness trials [default: 5]."),
+                                            "(default: 180)."),
+    trials: Optional[int] = typer.Option(_UNSET, "--trials", min=1, help="Correctness trials (default: 5)."),
     perf_trials: Optional[int] = typer.Option(_UNSET, "--perf-trials", min=1, help="Timed calls per side "
-                                              "[default: 20]."),
-    no_perf: Optional[bool] = typer.Option(_UNSET, "--no-perf/--perf", help="Check correctness only."),
+                                              "(default: 20)."),
+    no_perf: Optional[bool] = typer.Option(_UNSET, "--no-perf/--perf", help="Check correctness only (default: --perf)."),
     resume: bool = typer.Option(False, "--resume", help="Continue the run in --out: ask only missing turns."),
 ) -> None:
     """Let a model write and refine kernels for each task; record every judged turn; print Fast@p per turn."""
@@ -87,7 +91,8 @@ def bench_command(
     from drkernel.tasks import TaskLoadError
 
     given = {
-        "tasks": tasks, "levels": parse_ids(level, "--level") if level else None, "problems": parse_ids(problems) if problems else None, "names": name,
+        "tasks": tasks, "levels": parse_ids(level, "--level") if level else None,
+        "problems": parse_ids(problems) if problems else None, "names": name,
         "model": model, "base_url": base_url, "api_key_env": api_key_env, "samples": samples, "turns": turns,
         "context": context, "temperature": temperature, "top_p": top_p, "max_tokens": max_tokens, "stop": stop,
         "seed": seed, "prompts": prompts, "profiling_reward": profiling_reward, "concurrency": concurrency,
