@@ -54,7 +54,7 @@ def bench_command(
     temperature: Optional[float] = typer.Option(_UNSET, "--temperature", min=0.0,
                                                  help="Sampling temperature (default: 1.0)."),
     top_p: Optional[float] = typer.Option(_UNSET, "--top-p", min=0.0, max=1.0,
-                                           help="Nucleus sampling: keep tokens up to this probability mass (default: 0.95)."),
+                                           help="Nucleus sampling: the probability mass kept (default: 0.95)."),
     max_tokens: Optional[int] = typer.Option(_UNSET, "--max-tokens", min=1,
                                               help="Most tokens per model answer (default: 8192)."),
     stop: Optional[list[str]] = typer.Option(_UNSET, "--stop", help="Stop sequence (repeatable)."),
@@ -80,7 +80,8 @@ def bench_command(
     trials: Optional[int] = typer.Option(_UNSET, "--trials", min=1, help="Correctness trials (default: 5)."),
     perf_trials: Optional[int] = typer.Option(_UNSET, "--perf-trials", min=1, help="Timed calls per side "
                                               "(default: 20)."),
-    no_perf: Optional[bool] = typer.Option(_UNSET, "--no-perf/--perf", help="Check correctness only (default: --perf)."),
+    no_perf: Optional[bool] = typer.Option(_UNSET, "--no-perf/--perf",
+                                           help="Check correctness only (default: --perf)."),
     resume: bool = typer.Option(False, "--resume", help="Continue the run in --out: ask only missing turns."),
 ) -> None:
     """Let a model write and refine kernels for each task; record every judged turn; print Fast@p per turn."""

@@ -77,7 +77,8 @@ def eval_command(
         from drkernel.cli.batch import run_batch
         from drkernel.cli.bench import parse_ids
 
-        run_batch(tasks, candidates, options, parse_ids(level, "--level") if level else None, name, out, workers, ray)  # type: ignore[arg-type]
+        levels = parse_ids(level, "--level") if level else None
+        run_batch(tasks, candidates, options, levels, name, out, workers, ray)  # type: ignore[arg-type]
     else:
         raise fail("need --reference and --candidate, or --tasks and --candidates")
 

@@ -96,7 +96,8 @@ def train(config: TrainConfig, resume: bool = False, generate: GenerateFn | None
         raise ConfigError(f"--resume: no checkpoint in {out}")
     if not resume and holds_a_run(out):
         # a second run would write its metrics beside the first one's checkpoints and samples, and report mixes them
-        raise ConfigError(f"{out} already holds a training run; pass --resume to continue it, or choose another output_dir")
+        raise ConfigError(f"{out} already holds a training run; pass --resume to continue it, "
+                          "or choose another output_dir")
     if checkpoint is not None and _checkpoint_step(checkpoint) >= config.max_steps:
         raise ConfigError(f"--resume: {checkpoint} is already at step {_checkpoint_step(checkpoint)}, and max_steps is "
                           f"{config.max_steps}; raise max_steps to train further")
