@@ -422,3 +422,19 @@ def test_replay_server_has_a_command_line(tmp_path):
     finally:
         server.terminate()
         server.wait(timeout=10)
+
+
+def test_export_sft_that_keeps_nothing_says_why(tmp_path):
+    """On a CPU run no turn reaches the default speedup filter: the empty file comes with a hint (friction 6)."""
+    from drkernel.agent.records import TRAJECTORIES, TurnRecord
+
+    result = {"status": "correct", "correct": True, "speedup": 0.02, "environment": {"interpreter": True}}
+    record = TurnRecord(task="level1/2_relu", level=1, sample=0, turn=1, messages=[{"role": "user", "content": "q"}],
+                        response="a", code="c", result=result, reward=1.0, feedback="", context_turns=[])
+    (tmp_path / TRAJECTORIES).write_text(json.dumps(record.to_dict()) + "\n")
+    done = CliRunner().invoke(app, ["export-sft", str(tmp_path), "--out", str(tmp_path / "sft.jsonl")])
+    assert done.exit_code == 0, done.output
+    text = " ".join(done.output.split())
+    assert "0 of 1 turns written" in text
+    assert "1 correct turns measured no speedup of at least --min-speedup 1 (their timings come from Triton's " \
+           "interpreter on the CPU); --min-speedup 0 keeps them" in text

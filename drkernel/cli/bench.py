@@ -130,6 +130,8 @@ def bench_command(
     except (RuntimeError, ValueError, OSError, TaskLoadError) as exc:  # no evaluator, or a local model that
         raise fail(f"{exc}. Turns recorded so far are kept in {out}.")       # does not load
     Console().print(summary_table(summary))
+    if any(_interpreted(record) for record in read_trajectories(out)):
+        err.print(f"[yellow]warning:[/yellow] {INTERPRETER_NOTE}")
     failures = outcome.generation_errors
     for cause in sorted({failure.cause for failure in failures}):
         err.print(f"[yellow]warning:[/yellow] a model request failed for good (its trajectory stopped; --resume "
@@ -162,6 +164,13 @@ def summary_table(summary: dict[str, Any]) -> Table:
     return table
 
 
+INTERPRETER_NOTE = "Triton interpreter on the CPU: speedups say nothing of GPU speed"
+
+
+def _interpreted(record: Any) -> bool:
+    return bool(((record.result or {}).get("environment") or {}).get("interpreter"))
+
+
 def _pct(value: float | None) -> str:
     return "-" if value is None else f"{value:.1%}"
 
@@ -186,3 +195,8 @@ def export_sft_command(
     except (ValueError, OSError) as exc:
         raise fail(str(exc))
     print(f"{count} of {len(records)} turns written to {out}", file=sys.stderr)
+    slower = [r for r in records if r.correct and (r.speedup or 0.0) < min_speedup]
+    if count == 0 and min_speedup and slower:
+        cpu = " (their timings come from Triton's interpreter on the CPU)" if any(map(_interpreted, slower)) else ""
+        print(f"hint: {len(slower)} correct turns measured no speedup of at least --min-speedup {min_speedup:g}"
+              f"{cpu}; --min-speedup 0 keeps them", file=sys.stderr)
