@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
-from drkernel.schema import EvalRequest, EvalResult, Status
+from drkernel.schema import EvalRequest, EvalResult, HackReason, Status
 
 # Verdicts a rerun reproduces: they depend only on the sources, the options and the device type.
 # TIMEOUT and CRASHED are left out: they mix the candidate's behaviour with the machine's state (load, memory
@@ -36,8 +36,8 @@ REPRODUCIBLE_STATUSES = frozenset(
 # Error kinds that blame the harness, not the candidate: the scheduler's lost worker, the sandbox's set-up, a
 # backend that raised (drkernel.service.dispatcher).
 INFRASTRUCTURE_ERRORS = frozenset({"WorkerLost", "SandboxError", "BackendError"})
-# Hack reasons read from timing noise (drkernel.sandbox.guards SIDE_STREAM, IMPOSSIBLE_SPEED): not reproducible.
-TIMING_HACK_REASONS = frozenset({"side_stream_timing", "impossible_speed"})
+# Hack reasons read from timing noise: not reproducible.
+TIMING_HACK_REASONS = frozenset({HackReason.SIDE_STREAM.value, HackReason.IMPOSSIBLE_SPEED.value})
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS evaluations (
