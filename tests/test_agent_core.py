@@ -189,3 +189,24 @@ def test_bench_help_shows_every_default_and_help():
     for option in ("--temperature", "--top-p", "--max-tokens"):
         line = next(line for line in text.splitlines() if f"{option} " in line)
         assert len(line.split("]", 1)[-1].strip(" │")) > 10, line  # a sentence of help after the type and range
+
+
+def test_bench_interrupted_says_resume_continues(tmp_path, monkeypatch):
+    """Ctrl-C exits 130 and says that --resume continues (friction 8)."""
+    from pathlib import Path
+
+    from typer.testing import CliRunner
+
+    from drkernel.agent import bench
+    from drkernel.cli.main import app
+
+    async def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(bench, "run_bench", interrupted)
+    tasks = Path(__file__).resolve().parent.parent / "examples" / "tasks"
+    out = tmp_path / "run"
+    result = CliRunner().invoke(app, ["bench", "--out", str(out), "--tasks", str(tasks), "--model", "m",
+                                      "--base-url", "http://127.0.0.1:9/v1"], env={"COLUMNS": "300"})
+    assert result.exit_code == 130, result.output
+    assert f"turns recorded so far are kept in {out}; rerun with --resume to continue" in result.output

@@ -124,6 +124,9 @@ def bench_command(
                                                             f"{record.status}")
 
             outcome, summary = asyncio.run(run_bench(config, selected, out, on_turn))
+    except KeyboardInterrupt:
+        err.print(f"interrupted: the turns recorded so far are kept in {out}; rerun with --resume to continue")
+        raise typer.Exit(130)
     except FatalGenerationError as exc:
         raise fail(f"the model cannot be used: {exc}. Turns recorded so far are kept in {out}; fix the cause "
                    f"and rerun with --resume.")
