@@ -210,3 +210,24 @@ def test_bench_interrupted_says_resume_continues(tmp_path, monkeypatch):
                                       "--base-url", "http://127.0.0.1:9/v1"], env={"COLUMNS": "300"})
     assert result.exit_code == 130, result.output
     assert f"turns recorded so far are kept in {out}; rerun with --resume to continue" in result.output
+
+
+def test_an_unreachable_model_server_fails_at_once():
+    """A server that never answered and refuses connections is fatal on the first try, not after 28 s of retries
+    (friction 4)."""
+    import asyncio
+    import socket
+    import time
+
+    import pytest
+
+    from drkernel.agent.backends import FatalGenerationError, OpenAIChatConfig, OpenAIChatModel, SamplingParams
+
+    with socket.socket() as probe:  # a port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    model = OpenAIChatModel(OpenAIChatConfig(f"http://127.0.0.1:{port}/v1", "m", backoff_s=10.0))
+    started = time.perf_counter()
+    with pytest.raises(FatalGenerationError, match=f"cannot connect to http://127.0.0.1:{port}/v1"):
+        asyncio.run(model.complete([{"role": "user", "content": "q"}], SamplingParams(1.0, 1.0, 8, [], None)))
+    assert time.perf_counter() - started < 5.0
