@@ -28,6 +28,33 @@ class Status(str, enum.Enum):
     INVALID = "invalid"  # the task or the request itself is unusable (no ModelNew, broken reference, ...)
 
 
+class HackReason(str, enum.Enum):
+    """Why an evaluation was judged a hack (EvalResult.hack_reasons); found by drkernel.sandbox.guards."""
+
+    NO_TRITON_KERNEL = "no_triton_kernel"
+    MODE_DEPENDENT = "mode_dependent_kernels"
+    TORCH_FALLBACK = "torch_fallback"
+    TORCH_COMPUTE = "torch_compute"
+    REFERENCE_MODEL = "uses_reference_model"
+    DECOY_KERNEL = "decoy_kernel"
+    LAZY_KERNEL = "lazy_kernel"
+    OUTPUT_CACHING = "output_caching"
+    INPUT_MUTATION = "input_mutation"
+    PATCHED_HARNESS = "patched_harness"
+    GLOBAL_FLAGS = "global_flags_changed"
+    FAKE_OUTPUT = "fake_output"
+    LOWER_PRECISION = "lower_precision_output"
+    OUTPUT_ALIASES_INPUT = "output_aliases_input"
+    BACKGROUND_WORK = "background_work"
+    SIDE_STREAM = "side_stream_timing"
+    EXIT_CALLED = "exit_called"
+    IMPOSSIBLE_SPEED = "impossible_speed"
+    KILLED_HARNESS = "killed_harness"
+    SANDBOX_VIOLATION = "sandbox_violation"
+    PRECISION_DOWNCAST = "precision_downcast"
+    L2_PERSISTENCE = "l2_persistence"
+
+
 @dataclass
 class TimingStats:
     """Timing of one side (reference or candidate). Times in milliseconds."""

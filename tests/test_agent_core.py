@@ -173,3 +173,61 @@ def test_retry_after_header_values():
     assert _retry_after("100000") == MAX_RETRY_AFTER_S
     assert 5 < _retry_after(format_datetime(datetime.now(timezone.utc) + timedelta(seconds=10), usegmt=True)) <= 10
     assert _retry_after("not a date, nor a number") == 0.0  # a malformed header waits the backoff, never raises
+
+
+def test_bench_help_shows_every_default_and_help():
+    """rich read '[default: 1]' as markup and dropped it; --temperature, --top-p, --max-tokens had no help (friction 3)."""
+    from typer.testing import CliRunner
+
+    from drkernel.cli.main import app
+
+    text = CliRunner().invoke(app, ["bench", "--help"], env={"COLUMNS": "400"}).output
+    for option, default in (("--samples", "1"), ("--temperature", "1.0"), ("--top-p", "0.95"), ("--max-tokens", "8192"),
+                            ("--concurrency", "32"), ("--timeout", "180"), ("--device", "auto")):
+        line = next(line for line in text.splitlines() if f"{option} " in line)
+        assert f"(default: {default})" in line, line
+    for option in ("--temperature", "--top-p", "--max-tokens"):
+        line = next(line for line in text.splitlines() if f"{option} " in line)
+        assert len(line.split("]", 1)[-1].strip(" │")) > 10, line  # a sentence of help after the type and range
+
+
+def test_bench_interrupted_says_resume_continues(tmp_path, monkeypatch):
+    """Ctrl-C exits 130 and says that --resume continues (friction 8)."""
+    from pathlib import Path
+
+    from typer.testing import CliRunner
+
+    from drkernel.agent import bench
+    from drkernel.cli.main import app
+
+    async def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(bench, "run_bench", interrupted)
+    tasks = Path(__file__).resolve().parent.parent / "examples" / "tasks"
+    out = tmp_path / "run"
+    result = CliRunner().invoke(app, ["bench", "--out", str(out), "--tasks", str(tasks), "--model", "m",
+                                      "--base-url", "http://127.0.0.1:9/v1"], env={"COLUMNS": "300"})
+    assert result.exit_code == 130, result.output
+    assert f"turns recorded so far are kept in {out}; rerun with --resume to continue" in result.output
+
+
+def test_an_unreachable_model_server_fails_at_once():
+    """A server that never answered and refuses connections is fatal on the first try, not after 28 s of retries
+    (friction 4)."""
+    import asyncio
+    import socket
+    import time
+
+    import pytest
+
+    from drkernel.agent.backends import FatalGenerationError, OpenAIChatConfig, OpenAIChatModel, SamplingParams
+
+    with socket.socket() as probe:  # a port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    model = OpenAIChatModel(OpenAIChatConfig(f"http://127.0.0.1:{port}/v1", "m", backoff_s=10.0))
+    started = time.perf_counter()
+    with pytest.raises(FatalGenerationError, match=f"cannot connect to http://127.0.0.1:{port}/v1"):
+        asyncio.run(model.complete([{"role": "user", "content": "q"}], SamplingParams(1.0, 1.0, 8, [], None)))
+    assert time.perf_counter() - started < 5.0

@@ -414,3 +414,46 @@ def test_bench_judges_identical_answers_once_and_records_it(tmp_path, cache):
     assert cached == ([False, True, True] if cache != "0" else [False] * 3)
     assert json.loads((out / "summary.json").read_text())["turns_cached"] == sum(cached)
     assert json.loads((out / "config.json").read_text())["result_cache"] == int(cache)
+
+
+def test_replay_server_has_a_command_line(tmp_path):
+    """`python -m drkernel.agent.replay` serves a script file and says where; bad usage exits 2 (friction 5)."""
+    import os
+    import subprocess
+    import sys
+    import urllib.request
+
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
+    bare = subprocess.run([sys.executable, "-m", "drkernel.agent.replay"], capture_output=True, text=True, env=env)
+    assert bare.returncode == 2 and "--script" in bare.stderr
+    script = tmp_path / "script.json"
+    script.write_text(json.dumps({"replies": {"relu": ["hello"]}}))
+    server = subprocess.Popen([sys.executable, "-m", "drkernel.agent.replay", "--script", str(script), "--port", "0"],
+                              stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        line = server.stderr.readline()
+        assert "scripted OpenAI-compatible server at http://127.0.0.1:" in line
+        url = line.split(" at ")[1].split()[0]
+        request = urllib.request.Request(f"{url}/chat/completions", data=json.dumps({"messages": []}).encode(),
+                                         headers={"X-Drkernel-Request": "relu/0/1", "Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=10) as response:
+            assert json.load(response)["choices"][0]["message"]["content"] == "hello"
+    finally:
+        server.terminate()
+        server.wait(timeout=10)
+
+
+def test_export_sft_that_keeps_nothing_says_why(tmp_path):
+    """On a CPU run no turn reaches the default speedup filter: the empty file comes with a hint (friction 6)."""
+    from drkernel.agent.records import TRAJECTORIES, TurnRecord
+
+    result = {"status": "correct", "correct": True, "speedup": 0.02, "environment": {"interpreter": True}}
+    record = TurnRecord(task="level1/2_relu", level=1, sample=0, turn=1, messages=[{"role": "user", "content": "q"}],
+                        response="a", code="c", result=result, reward=1.0, feedback="", context_turns=[])
+    (tmp_path / TRAJECTORIES).write_text(json.dumps(record.to_dict()) + "\n")
+    done = CliRunner().invoke(app, ["export-sft", str(tmp_path), "--out", str(tmp_path / "sft.jsonl")])
+    assert done.exit_code == 0, done.output
+    text = " ".join(done.output.split())
+    assert "0 of 1 turns written" in text
+    assert "1 correct turns measured no speedup of at least --min-speedup 1 (their timings come from Triton's " \
+           "interpreter on the CPU); --min-speedup 0 keeps them" in text

@@ -362,3 +362,34 @@ def test_chromium_renders_the_report_with_its_figures(report: Path, tmp_path: Pa
         assert pixels.shape[:2] == (3000, 1400)
         colourful.append(int((pixels.max(-1).values - pixels.min(-1).values > 0.3).sum()))
     assert colourful[0] > 20_000 and colourful[1] < 5_000, colourful
+
+
+def test_figures_fit_what_they_show(tmp_path, monkeypatch):
+    """Friction 7: a one-step training curve has a marker; paper bars only beside the runs' own levels; the speedup
+    axis over more than a decade labels no minor ticks (they overlapped)."""
+    from drkernel.report import figures
+    from drkernel.report.metrics import LevelStats
+    from drkernel.report.published import Published
+
+    drawn = []
+    monkeypatch.setattr(figures, "_save", lambda fig, path: drawn.append(fig) or path)
+    figures.training_figure([("run", [{"step": 1, "reward_mean": 0.5, "reward_std": 0.1}])], tmp_path / "t.png")
+    [line] = drawn[-1].axes[0].get_lines()
+    assert line.get_marker() == "o"
+
+    stats = [LevelStats("run", "unknown", 1, 1, 1.0, {1.0: 0.5, 1.2: 0.0}, 1.0, {1: 1.0})]
+    paper = Published("paper", "src", 2, {key: 0.3 for key in figures_metric_keys()})
+    figures.levels_figure(stats, [paper], tmp_path / "l.png")
+    for ax in drawn[-1].axes:
+        assert [t.get_text() for t in ax.get_xticklabels()] == ["unknown"]
+        assert len(ax.patches) == 1  # the run's bar, no level-2 paper bar
+
+    figures.speedups_figure([("run", [0.05, 0.5, 3.0])], True, tmp_path / "s.png")
+    ax = drawn[-1].axes[0]
+    assert not [t for t in ax.xaxis.get_minor_formatter().format_ticks([0.2, 0.3, 0.4]) if t]
+
+
+def figures_metric_keys() -> list[str]:
+    from drkernel.report.published import METRICS
+
+    return [key for key, (kind, _) in METRICS.items() if kind == "level"]

@@ -367,3 +367,19 @@ def test_candidate_spec_errors(tmp_path: Path) -> None:
         load_candidates(tmp_path / "absent")
     with pytest.raises(TaskLoadError, match="expected a folder of .py files"):
         load_candidates(write(tmp_path / "c.csv", ""))
+
+
+def test_eval_level_takes_commas_like_bench_problems(monkeypatch):
+    """`eval --level 1,2` selects levels 1 and 2, as `bench --problems 1,2` does ids (friction 8)."""
+    from typer.testing import CliRunner
+
+    from drkernel.cli import batch
+    from drkernel.cli.main import app
+
+    seen = []
+    monkeypatch.setattr(batch, "run_batch", lambda tasks, cands, options, levels, *rest: seen.append(levels))
+    result = CliRunner().invoke(app, ["eval", "--tasks", "t", "--candidates", "c", "--level", "1,2", "--level", "3"])
+    assert result.exit_code == 0, result.output
+    assert seen == [[1, 2, 3]]
+    result = CliRunner().invoke(app, ["eval", "--tasks", "t", "--candidates", "c", "--level", "one"])
+    assert result.exit_code == 2 and "--level takes numbers" in result.output

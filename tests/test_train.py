@@ -377,3 +377,18 @@ def test_training_config_error_from_the_cli(tmp_path):
     result = CliRunner().invoke(app, ["train", "--config", str(TINY), "--set", "nope=1"])
     assert result.exit_code == 2
     assert "unknown config key(s) nope" in result.output
+
+
+def test_a_used_output_dir_is_refused_and_resume_past_max_steps_is_an_error(tmp_path):
+    """A second fresh run in a used folder would mix its metrics with the first one's checkpoints (friction 1)."""
+    from drkernel.train import run as run_module
+
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "metrics.jsonl").write_text("{}\n")
+    with pytest.raises(ConfigError, match="already holds a training run; pass --resume"):
+        run_module.train(load_config(TINY, [f"output_dir={out}"]))
+    (out / "checkpoint-2").mkdir()
+    (out / "checkpoint-2" / "trainer_state.json").write_text("{}")
+    with pytest.raises(ConfigError, match="already at step 2, and max_steps is 1"):
+        run_module.train(load_config(TINY, [f"output_dir={out}", "max_steps=1"]), resume=True)

@@ -84,6 +84,7 @@ class OpenAIChatModel:
         key = os.environ.get(config.api_key_env)
         headers = {"Authorization": f"Bearer {key}"} if key else {}
         self._httpx = httpx
+        self._answered = False  # whether the server ever answered: until then, refusing connections is fatal at once
         self._http = httpx.AsyncClient(
             base_url=config.base_url.rstrip("/") + "/", headers=headers, timeout=config.timeout_s,
             limits=httpx.Limits(max_connections=None, max_keepalive_connections=64),
@@ -108,11 +109,14 @@ class OpenAIChatModel:
                 response = await self._http.post("chat/completions", json=body, headers=headers)
             except self._httpx.ConnectError as exc:
                 cause, unreachable = f"cannot connect to {self.config.base_url}: {exc or type(exc).__name__}", True
+                if not self._answered:  # a wrong URL or a server not started: retrying for half a minute hides it
+                    raise FatalGenerationError(cause)
             except self._httpx.TimeoutException as exc:
                 cause, unreachable = f"no answer within {self.config.timeout_s:g} s ({type(exc).__name__})", False
             except self._httpx.TransportError as exc:
                 cause, unreachable = f"connection failed: {type(exc).__name__}: {exc}", False
             else:
+                self._answered = True
                 if response.is_success:
                     return self._completion(response)
                 cause, unreachable = self._refusal(response), False

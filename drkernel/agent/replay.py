@@ -183,3 +183,43 @@ def _handler(server: ScriptedChatServer) -> type[BaseHTTPRequestHandler]:
             return None  # quiet: tests and benchmarks read `requests` instead
 
     return Handler
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """`python -m drkernel.agent.replay`: serve a script file, or a folder of candidates, until Ctrl-C."""
+    import argparse
+    import sys
+
+    from drkernel.tasks import TaskLoadError, load_tasks
+
+    parser = argparse.ArgumentParser(prog="python -m drkernel.agent.replay", description=__doc__.split("\n\n")[0])
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--script", type=Path, help="a JSON script (ChatScript.from_file's format)")
+    source.add_argument("--candidates", help="a folder or .jsonl of candidates, each the answer to its task")
+    parser.add_argument("--tasks", help="the tasks the candidates answer (needed with --candidates)")
+    parser.add_argument("--port", type=int, default=8001, help="port on 127.0.0.1 (default: 8001; 0 picks a free one)")
+    parser.add_argument("--api-key", help="answer 401 to any other key (default: accept any)")
+    parser.add_argument("--model", help="answer 404 to any other model name (default: accept any)")
+    args = parser.parse_args(argv)
+    try:
+        if args.script is not None:
+            script = ChatScript.from_file(args.script)
+        elif args.tasks:
+            script = replay_candidates(load_tasks(args.tasks), args.candidates)
+        else:
+            parser.error("--candidates needs --tasks")
+        server = ScriptedChatServer(script, port=args.port, api_key=args.api_key, model=args.model)
+    except (OSError, ValueError, TaskLoadError) as exc:  # a missing file, bad JSON, a port in use: usage errors
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(f"scripted OpenAI-compatible server at {server.url} (Ctrl-C stops it)", file=sys.stderr, flush=True)
+    with server:
+        try:
+            threading.Event().wait()
+        except KeyboardInterrupt:
+            pass
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -123,5 +123,7 @@ def summary_table(results: list[EvalResult]) -> Table:
     for status, count in sorted(Counter(r.status for r in results).items()):
         table.add_row(f"status {status}", str(count))
     if any(r.environment and r.environment.interpreter for r in results):
-        table.caption = "Triton interpreter on the CPU: speedups say nothing of GPU speed"
+        from drkernel.cli.bench import INTERPRETER_NOTE
+
+        table.caption = INTERPRETER_NOTE
     return table

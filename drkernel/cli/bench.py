@@ -19,8 +19,8 @@ from rich.table import Table
 _UNSET: Any = None  # options left unset fall back to the saved config on --resume, else to BenchConfig's defaults
 
 
-def parse_ids(texts: list[str]) -> list[int]:
-    """'1,2,19' or '1-5,19' (the option may be repeated) as a list of problem ids."""
+def parse_ids(texts: list[str], option: str = "--problems") -> list[int]:
+    """'1,2,19' or '1-5,19' (the option may be repeated) as a list of ids (problem ids, levels)."""
     from drkernel.cli.main import fail
 
     ids: list[int] = []
@@ -32,53 +32,58 @@ def parse_ids(texts: list[str]) -> list[int]:
         try:
             ids.extend(range(int(start), int(end) + 1) if dash else [int(start)])
         except ValueError:
-            raise fail(f"--problems takes ids like 1,2,19 or 1-5, not {text!r}")
+            raise fail(f"{option} takes numbers like 1,2,19 or 1-5, not {text!r}")
     return ids
 
 
 def bench_command(
     out: Path = typer.Option(..., "--out", help="Run directory: trajectories.jsonl, config.json, summary.json."),
     tasks: Optional[str] = typer.Option(_UNSET, "--tasks", help="A folder of tasks, a .jsonl/.parquet, or hub:."),
-    level: Optional[list[int]] = typer.Option(_UNSET, "--level", help="Only tasks of these levels."),
+    level: Optional[list[str]] = typer.Option(_UNSET, "--level", help="Only tasks of these levels: 1,2 or 1-3."),
     problems: Optional[list[str]] = typer.Option(_UNSET, "--problems", help="Only these problem ids: 1,2,19 or "
                                                  "1-5."),
     name: Optional[list[str]] = typer.Option(_UNSET, "--name", help="Only tasks with these names (globs)."),
     model: Optional[str] = typer.Option(_UNSET, "--model", help="The served model's name, or hf:PATH (local)."),
     base_url: Optional[str] = typer.Option(_UNSET, "--base-url", help="OpenAI-compatible endpoint, e.g. .../v1"),
     api_key_env: Optional[str] = typer.Option(_UNSET, "--api-key-env", help="Variable holding the API key "
-                                              "[default: OPENAI_API_KEY]; unset sends no key."),
-    samples: Optional[int] = typer.Option(_UNSET, "--samples", min=1, help="Trajectories per task [default: 1]."),
-    turns: Optional[int] = typer.Option(_UNSET, "--turns", min=1, help="Turns per trajectory [default: 1]."),
+                                              "(default: OPENAI_API_KEY); unset sends no key."),
+    samples: Optional[int] = typer.Option(_UNSET, "--samples", min=1, help="Trajectories per task (default: 1)."),
+    turns: Optional[int] = typer.Option(_UNSET, "--turns", min=1, help="Turns per trajectory (default: 1)."),
     context: Optional[str] = typer.Option(_UNSET, "--context", help="Earlier turns each prompt shows: full, "
-                                          "last:K, topk:K or window:K [default: full]."),
-    temperature: Optional[float] = typer.Option(_UNSET, "--temperature", min=0.0, help="[default: 1.0]"),
-    top_p: Optional[float] = typer.Option(_UNSET, "--top-p", min=0.0, max=1.0, help="[default: 0.95]"),
-    max_tokens: Optional[int] = typer.Option(_UNSET, "--max-tokens", min=1, help="[default: 8192]"),
+                                          "last:K, topk:K or window:K (default: full)."),
+    temperature: Optional[float] = typer.Option(_UNSET, "--temperature", min=0.0,
+                                                 help="Sampling temperature (default: 1.0)."),
+    top_p: Optional[float] = typer.Option(_UNSET, "--top-p", min=0.0, max=1.0,
+                                           help="Nucleus sampling: the probability mass kept (default: 0.95)."),
+    max_tokens: Optional[int] = typer.Option(_UNSET, "--max-tokens", min=1,
+                                              help="Most tokens per model answer (default: 8192)."),
     stop: Optional[list[str]] = typer.Option(_UNSET, "--stop", help="Stop sequence (repeatable)."),
-    seed: Optional[int] = typer.Option(_UNSET, "--seed", help="Sample i asks with seed + i."),
+    seed: Optional[int] = typer.Option(_UNSET, "--seed", help="Sample i asks with seed + i (default: none sent)."),
     prompts: Optional[str] = typer.Option(_UNSET, "--prompts", help="TOML/JSON file overriding prompt templates."),
     profiling_reward: Optional[bool] = typer.Option(_UNSET, "--profiling-reward/--no-profiling-reward",
-                                                    help="Reward coverage too (PR) [default: off]."),
+                                                    help="Reward coverage too (PR) (default: off)."),
     concurrency: Optional[int] = typer.Option(_UNSET, "--concurrency", min=1,
-                                              help="Trajectories in flight [default: 32]."),
+                                              help="Trajectories in flight (default: 32)."),
     request_timeout: Optional[float] = typer.Option(_UNSET, "--request-timeout", min=0.1,
-                                                    help="Seconds per model request [default: 600]."),
+                                                    help="Seconds per model request (default: 600)."),
     retries: Optional[int] = typer.Option(_UNSET, "--retries", min=0, help="Retries of a failed request "
-                                          "(429, 5xx, connection, timeout) [default: 5]."),
+                                          "(429, 5xx, connection, timeout) (default: 5)."),
     device: Optional[str] = typer.Option(_UNSET, "--device", help="Evaluation device: auto, cpu or cuda "
-                                         "[default: auto]."),
-    workers: Optional[int] = typer.Option(_UNSET, "--workers", min=1, help="Evaluation workers."),
+                                         "(default: auto)."),
+    workers: Optional[int] = typer.Option(_UNSET, "--workers", min=1, help="Evaluation workers "
+                                         "(default: one per GPU; on the CPU, half the cores)."),
     result_cache: Optional[int] = typer.Option(_UNSET, "--result-cache", min=0, help="Verdicts of identical "
-                                               "answers the embedded scheduler keeps; 0: off [default: 4096]."),
+                                               "answers the embedded scheduler keeps; 0: off (default: 4096)."),
     ray: Optional[str] = typer.Option(_UNSET, "--ray", help="Evaluate on a Ray cluster: its address, or auto."),
     service: Optional[str] = typer.Option(_UNSET, "--service", help="Evaluate on a drkernel serve URL "
                                           "(token from $DRKERNEL_TOKEN)."),
     timeout: Optional[float] = typer.Option(_UNSET, "--timeout", min=1.0, help="Seconds per evaluation "
-                                            "[default: 180]."),
-    trials: Optional[int] = typer.Option(_UNSET, "--trials", min=1, help="Correctness trials [default: 5]."),
+                                            "(default: 180)."),
+    trials: Optional[int] = typer.Option(_UNSET, "--trials", min=1, help="Correctness trials (default: 5)."),
     perf_trials: Optional[int] = typer.Option(_UNSET, "--perf-trials", min=1, help="Timed calls per side "
-                                              "[default: 20]."),
-    no_perf: Optional[bool] = typer.Option(_UNSET, "--no-perf/--perf", help="Check correctness only."),
+                                              "(default: 20)."),
+    no_perf: Optional[bool] = typer.Option(_UNSET, "--no-perf/--perf",
+                                           help="Check correctness only (default: --perf)."),
     resume: bool = typer.Option(False, "--resume", help="Continue the run in --out: ask only missing turns."),
 ) -> None:
     """Let a model write and refine kernels for each task; record every judged turn; print Fast@p per turn."""
@@ -89,7 +94,8 @@ def bench_command(
     from drkernel.tasks import TaskLoadError
 
     given = {
-        "tasks": tasks, "levels": level, "problems": parse_ids(problems) if problems else None, "names": name,
+        "tasks": tasks, "levels": parse_ids(level, "--level") if level else None,
+        "problems": parse_ids(problems) if problems else None, "names": name,
         "model": model, "base_url": base_url, "api_key_env": api_key_env, "samples": samples, "turns": turns,
         "context": context, "temperature": temperature, "top_p": top_p, "max_tokens": max_tokens, "stop": stop,
         "seed": seed, "prompts": prompts, "profiling_reward": profiling_reward, "concurrency": concurrency,
@@ -120,12 +126,17 @@ def bench_command(
                                                             f"{record.status}")
 
             outcome, summary = asyncio.run(run_bench(config, selected, out, on_turn))
+    except KeyboardInterrupt:
+        err.print(f"interrupted: the turns recorded so far are kept in {out}; rerun with --resume to continue")
+        raise typer.Exit(130)
     except FatalGenerationError as exc:
         raise fail(f"the model cannot be used: {exc}. Turns recorded so far are kept in {out}; fix the cause "
                    f"and rerun with --resume.")
     except (RuntimeError, ValueError, OSError, TaskLoadError) as exc:  # no evaluator, or a local model that
         raise fail(f"{exc}. Turns recorded so far are kept in {out}.")       # does not load
     Console().print(summary_table(summary))
+    if any(_interpreted(record) for record in read_trajectories(out)):
+        err.print(f"[yellow]warning:[/yellow] {INTERPRETER_NOTE}")
     failures = outcome.generation_errors
     for cause in sorted({failure.cause for failure in failures}):
         err.print(f"[yellow]warning:[/yellow] a model request failed for good (its trajectory stopped; --resume "
@@ -158,6 +169,13 @@ def summary_table(summary: dict[str, Any]) -> Table:
     return table
 
 
+INTERPRETER_NOTE = "Triton interpreter on the CPU: speedups say nothing of GPU speed"
+
+
+def _interpreted(record: Any) -> bool:
+    return bool(((record.result or {}).get("environment") or {}).get("interpreter"))
+
+
 def _pct(value: float | None) -> str:
     return "-" if value is None else f"{value:.1%}"
 
@@ -182,3 +200,8 @@ def export_sft_command(
     except (ValueError, OSError) as exc:
         raise fail(str(exc))
     print(f"{count} of {len(records)} turns written to {out}", file=sys.stderr)
+    slower = [r for r in records if r.correct and (r.speedup or 0.0) < min_speedup]
+    if count == 0 and min_speedup and slower:
+        cpu = " (their timings come from Triton's interpreter on the CPU)" if any(map(_interpreted, slower)) else ""
+        print(f"hint: {len(slower)} correct turns measured no speedup of at least --min-speedup {min_speedup:g}"
+              f"{cpu}; --min-speedup 0 keeps them", file=sys.stderr)

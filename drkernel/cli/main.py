@@ -48,7 +48,7 @@ def eval_command(
     candidate: Optional[Path] = typer.Option(None, "--candidate", "-c", help="Candidate source defining ModelNew."),
     tasks: Optional[str] = typer.Option(None, "--tasks", help="Batch: a folder of tasks, a .jsonl/.parquet, or hub:"),
     candidates: Optional[str] = typer.Option(None, "--candidates", help="Batch: a folder of candidates or a .jsonl."),
-    level: Optional[list[int]] = typer.Option(None, "--level", help="Batch: only tasks of these levels."),
+    level: Optional[list[str]] = typer.Option(None, "--level", help="Batch: only tasks of these levels: 1,2 or 1-3."),
     name: Optional[list[str]] = typer.Option(None, "--name", help="Batch: only tasks with these names (globs)."),
     out: Optional[Path] = typer.Option(None, "--out", help="Batch: write one JSON result per line here."),
     workers: Optional[int] = typer.Option(None, "--workers", min=1, help="Parallel workers (default: one per GPU)."),
@@ -75,8 +75,10 @@ def eval_command(
         _eval_single(reference, candidate, options, as_json)  # type: ignore[arg-type]
     elif all(batch):
         from drkernel.cli.batch import run_batch
+        from drkernel.cli.bench import parse_ids
 
-        run_batch(tasks, candidates, options, level, name, out, workers, ray)  # type: ignore[arg-type]
+        levels = parse_ids(level, "--level") if level else None
+        run_batch(tasks, candidates, options, levels, name, out, workers, ray)  # type: ignore[arg-type]
     else:
         raise fail("need --reference and --candidate, or --tasks and --candidates")
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import socket
 from pathlib import Path
 from typing import Optional
 
@@ -48,6 +49,10 @@ def serve_command(
         raise fail(f"the service needs its extra: pip install 'drkernel[serve]' ({exc})")
     from drkernel.cli.batch import _backend
 
+    try:  # before the workers start: a port in use is a usage error, not a failure after a long start
+        socket.create_server((host, port)).close()
+    except OSError as exc:
+        raise fail(f"cannot listen on {host}:{port}: {exc}")
     backend = _backend(device, workers, ray, cache=False)
     dispatcher = Dispatcher(Store(store), backend, backend.device,
                             retention_s=retention_days * 86400 if retention_days > 0 else None)

@@ -53,10 +53,15 @@ def _save(fig: Any, path: Path) -> Path:
 
 def levels_figure(stats: list[LevelStats], published: list[Published], path: Path) -> Path:
     """Grouped bars: Fast@1 and Fast@1.2 per level, one bar per run and per published entry (hatched)."""
-    levels = {s.level for s in stats} | {"all" if e.level is None else str(e.level) for e in published}
+    def label(entry: Published) -> str:
+        return "all" if entry.level is None else str(entry.level)
+
+    # published bars stand beside the runs' own levels only: a level-2 bar beside a run of unknown level compares
+    # nothing (with no run, the published entries are the figure)
+    levels = {s.level for s in stats} or {label(e) for e in published}
     levels = sorted(levels, key=lambda lv: (0, int(lv)) if lv.isdigit() else (1 if lv == "unknown" else 2, 0))
     runs = list(dict.fromkeys(s.run for s in stats))
-    shown = [e for e in published if any(e.value("level", p) is not None for p in CURVE_P)]
+    shown = [e for e in published if label(e) in levels and any(e.value("level", p) is not None for p in CURVE_P)]
     bars = len(runs) + len(shown)
     fig = _figure(min(14.0, max(8.0, 2.0 + 0.35 * len(levels) * bars)), 4.2)
     axes = fig.subplots(1, len(CURVE_P), sharey=True)
@@ -70,7 +75,7 @@ def levels_figure(stats: list[LevelStats], published: list[Published], path: Pat
             ax.bar_label(drawn, fmt="%.1f", fontsize=6.5)
         for j, entry in enumerate(shown, len(runs)):
             value = entry.value("level", p)
-            level = "all" if entry.level is None else str(entry.level)
+            level = label(entry)
             if value is not None and level in levels:
                 drawn = ax.bar(levels.index(level) + (j - bars / 2 + 0.5) * width, 100 * value, width,
                                color="white", edgecolor=_color(j), hatch="//", label=f"{entry.label} ({NOT_MEASURED})")
@@ -156,7 +161,12 @@ def speedups_figure(speedups: Sequence[tuple[str, list[float]]], interpreter: bo
                 ax.hist(vs, bins=edges, histtype="step", linewidth=1.8, color=_color(i), label=f"{run} ({len(vs)})")
         ax.set_xscale("log")
         ax.xaxis.set_major_formatter(_plain())
-        ax.xaxis.set_minor_formatter(_plain())
+        if high / low < 10:  # within one decade the minor ticks are the only labels; past it they overlap
+            ax.xaxis.set_minor_formatter(_plain())
+        else:
+            from matplotlib.ticker import NullFormatter
+
+            ax.xaxis.set_minor_formatter(NullFormatter())
         ax.yaxis.set_major_locator(_integers())
         for p, style in ((1.0, "-"), (1.2, "--")):
             ax.axvline(p, color="black", linestyle=style, linewidth=0.8, label=f"speedup {p:g}")
@@ -214,7 +224,7 @@ def training_figure(runs: Sequence[tuple[str, list[dict[str, Any]]]], path: Path
                 if not points:
                     continue
                 xs, ys = zip(*points)
-                ax.plot(xs, [100 * y if percent else y for y in ys], style, marker="o" if where != "step" else None,
+                ax.plot(xs, [100 * y if percent else y for y in ys], style, marker="o" if where != "step" or len(xs) == 1 else None,
                         markersize=3, color=_color(i), label=f"{run}: {key}")
                 if key == "reward_mean":
                     band = [(step, v[key], v["reward_std"]) for step, v in rows

@@ -27,7 +27,7 @@ from pathlib import Path
 from drkernel.sandbox import procfs
 from drkernel.sandbox.gate import GATE_FILE
 from drkernel.runner.forkserver import ForkServer, ForkServerDied, JobHandle
-from drkernel.schema import ErrorInfo, EvalRequest, EvalResult, Status
+from drkernel.schema import ErrorInfo, EvalRequest, EvalResult, HackReason, Status
 
 WATCH_INTERVAL_S = 0.05
 KILL_GRACE_S = 5.0
@@ -192,8 +192,8 @@ class Sandbox:
         if outcome == "server_died":
             result = _crashed("KilledHarness", "the evaluation's parent process was killed during the evaluation",
                               workdir)
-            result.hack_reasons = ["killed_harness"]
-            result.hack_details = {"killed_harness": "the candidate killed the process that supervises it."}
+            result.hack_reasons = [HackReason.KILLED_HARNESS.value]
+            result.hack_details = {HackReason.KILLED_HARNESS.value: "the candidate killed the process that supervises it."}
             return result
         return _crashed_by_status(handle.status, workdir)
 
@@ -259,8 +259,8 @@ def _crashed_by_status(status: int | None, workdir: Path) -> EvalResult:
         name = signal.Signals(sig).name if sig in signal.Signals._value2member_map_ else str(sig)
         result = _crashed("KilledHarness", f"the evaluation's judge was killed by {name} ({signal.strsignal(sig)})",
                           workdir)
-        result.hack_reasons = ["killed_harness"]
-        result.hack_details = {"killed_harness": "the process that judges the candidate was killed: a failure."}
+        result.hack_reasons = [HackReason.KILLED_HARNESS.value]
+        result.hack_details = {HackReason.KILLED_HARNESS.value: "the process that judges the candidate was killed: a failure."}
         return result
     code = os.WEXITSTATUS(status) if status is not None else None
     return _crashed("Exit", f"the evaluation's judge exited with code {code} before reporting a result", workdir)

@@ -25,32 +25,34 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from drkernel.sandbox import audit, procfs
 
-# Reason codes, one per exploit class.
-NO_TRITON_KERNEL = "no_triton_kernel"
-MODE_DEPENDENT = "mode_dependent_kernels"
-TORCH_FALLBACK = "torch_fallback"
-TORCH_COMPUTE = "torch_compute"
-REFERENCE_MODEL = "uses_reference_model"
-DECOY_KERNEL = "decoy_kernel"
-LAZY_KERNEL = "lazy_kernel"
-OUTPUT_CACHING = "output_caching"
-INPUT_MUTATION = "input_mutation"
-PATCHED_HARNESS = "patched_harness"
-GLOBAL_FLAGS = "global_flags_changed"
-FAKE_OUTPUT = "fake_output"
-LOWER_PRECISION = "lower_precision_output"
-OUTPUT_ALIASES_INPUT = "output_aliases_input"
-BACKGROUND_WORK = "background_work"
-SIDE_STREAM = "side_stream_timing"
-EXIT_CALLED = "exit_called"
-IMPOSSIBLE_SPEED = "impossible_speed"
-KILLED_HARNESS = "killed_harness"
-SANDBOX_VIOLATION = "sandbox_violation"
-PRECISION_DOWNCAST = "precision_downcast"
-L2_PERSISTENCE = "l2_persistence"
+# Reason codes, one per exploit class: their one home is drkernel.schema.HackReason.
+from drkernel.schema import HackReason  # noqa: E402
+
+NO_TRITON_KERNEL = HackReason.NO_TRITON_KERNEL.value
+MODE_DEPENDENT = HackReason.MODE_DEPENDENT.value
+TORCH_FALLBACK = HackReason.TORCH_FALLBACK.value
+TORCH_COMPUTE = HackReason.TORCH_COMPUTE.value
+REFERENCE_MODEL = HackReason.REFERENCE_MODEL.value
+DECOY_KERNEL = HackReason.DECOY_KERNEL.value
+LAZY_KERNEL = HackReason.LAZY_KERNEL.value
+OUTPUT_CACHING = HackReason.OUTPUT_CACHING.value
+INPUT_MUTATION = HackReason.INPUT_MUTATION.value
+PATCHED_HARNESS = HackReason.PATCHED_HARNESS.value
+GLOBAL_FLAGS = HackReason.GLOBAL_FLAGS.value
+FAKE_OUTPUT = HackReason.FAKE_OUTPUT.value
+LOWER_PRECISION = HackReason.LOWER_PRECISION.value
+OUTPUT_ALIASES_INPUT = HackReason.OUTPUT_ALIASES_INPUT.value
+BACKGROUND_WORK = HackReason.BACKGROUND_WORK.value
+SIDE_STREAM = HackReason.SIDE_STREAM.value
+EXIT_CALLED = HackReason.EXIT_CALLED.value
+IMPOSSIBLE_SPEED = HackReason.IMPOSSIBLE_SPEED.value
+KILLED_HARNESS = HackReason.KILLED_HARNESS.value
+SANDBOX_VIOLATION = HackReason.SANDBOX_VIOLATION.value
+PRECISION_DOWNCAST = HackReason.PRECISION_DOWNCAST.value
+L2_PERSISTENCE = HackReason.L2_PERSISTENCE.value
 # Codes that already come with a failing status of their own (runtime_error, crashed): they explain, not convict.
 FAILURE_CODES = frozenset({EXIT_CALLED, KILLED_HARNESS})
-REASON_CODES = frozenset(value for name, value in list(globals().items()) if name.isupper() and isinstance(value, str))
+REASON_CODES = frozenset(reason.value for reason in HackReason)
 
 _isinstance, _type, _id, _getattr = builtins.isinstance, builtins.type, builtins.id, builtins.getattr
 _torch_equal, _torch_isnan = torch.equal, torch.isnan

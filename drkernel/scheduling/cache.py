@@ -17,7 +17,7 @@ import threading
 from concurrent.futures import Future
 from typing import Callable
 
-from drkernel.schema import EvalRequest, EvalResult, Status
+from drkernel.schema import EvalRequest, EvalResult, HackReason, Status
 
 DEFAULT_ENTRIES = 4096  # results are a few kB each: a few tens of MB at most
 
@@ -33,7 +33,7 @@ REPRODUCIBLE_STATUSES = frozenset(
 # backend that raised (drkernel.service.dispatcher).
 INFRASTRUCTURE_ERRORS = frozenset({"WorkerLost", "SandboxError", "BackendError"})
 # Hack reasons read from timing noise (drkernel.sandbox.guards SIDE_STREAM, IMPOSSIBLE_SPEED): not reproducible.
-TIMING_HACK_REASONS = frozenset({"side_stream_timing", "impossible_speed"})
+TIMING_HACK_REASONS = frozenset({HackReason.SIDE_STREAM.value, HackReason.IMPOSSIBLE_SPEED.value})
 
 
 def infrastructure_failure(result: EvalResult) -> bool:

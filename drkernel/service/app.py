@@ -32,6 +32,8 @@ from drkernel.service.models import (
 )
 
 HEALTH_PATH = "/v1/health"
+# Open without the token: the health probe, and the API's description, which a browser cannot send a bearer token to
+OPEN_PATHS = frozenset({HEALTH_PATH, "/docs", "/docs/oauth2-redirect", "/redoc", "/openapi.json"})
 MAX_BODY_BYTES = 64 << 20  # a batch of 1000 items fits unless its sources are large
 PROMETHEUS_TEXT = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -145,7 +147,7 @@ async def _validation_error(request: Request, exc: RequestValidationError) -> JS
 
 
 class Guard:
-    """ASGI middleware: the bearer token (all paths but health) and the body size cap, checked before any work."""
+    """ASGI middleware: the bearer token (all paths but OPEN_PATHS) and the body size cap, checked before any work."""
 
     def __init__(self, app: ASGIApp, token: str | None, max_body: int) -> None:
         self.app, self.token, self.max_body = app, token, max_body
@@ -161,7 +163,7 @@ class Guard:
         await self.app(scope, receive, send)
 
     def _refusal(self, scope: Scope, headers: dict[str, str]) -> tuple[int, str, dict[str, str]] | None:
-        if self.token and scope["path"] != HEALTH_PATH and not self._authorized(headers):
+        if self.token and scope["path"] not in OPEN_PATHS and not self._authorized(headers):
             return 401, "missing or wrong bearer token (Authorization: Bearer <token>)", {"www-authenticate": "Bearer"}
         if scope["method"] in ("POST", "PUT", "PATCH"):
             length = headers.get("content-length")

@@ -77,17 +77,33 @@ def last_checkpoint(output_dir: str | Path) -> str | None:
     return trainer_utils.get_last_checkpoint(str(folder)) if folder.is_dir() else None
 
 
+def holds_a_run(output_dir: Path) -> bool:
+    """Whether a former run left its metrics or checkpoints in `output_dir`."""
+    return (output_dir / "metrics.jsonl").exists() or any(output_dir.glob("checkpoint-*"))
+
+
+def _checkpoint_step(checkpoint: str) -> int:
+    return int(Path(checkpoint).name.rpartition("-")[2])
+
+
 def train(config: TrainConfig, resume: bool = False, generate: GenerateFn | None = None) -> Any:
     """Train; `resume` continues from the last checkpoint in output_dir (step count, optimizer, scheduler, RNG).
     Returns the trainer, whose state tells how far it got."""
     from drkernel.train.trainer import DrKernelTrainer
 
+    out = Path(config.output_dir)
+    checkpoint = last_checkpoint(out) if resume else None
+    if resume and checkpoint is None:
+        raise ConfigError(f"--resume: no checkpoint in {out}")
+    if not resume and holds_a_run(out):
+        # a second run would write its metrics beside the first one's checkpoints and samples, and report mixes them
+        raise ConfigError(f"{out} already holds a training run; pass --resume to continue it, "
+                          "or choose another output_dir")
+    if checkpoint is not None and _checkpoint_step(checkpoint) >= config.max_steps:
+        raise ConfigError(f"--resume: {checkpoint} is already at step {_checkpoint_step(checkpoint)}, and max_steps is "
+                          f"{config.max_steps}; raise max_steps to train further")
     tasks = load_tasks(config.tasks)
     validation = load_tasks(config.validation_tasks) if config.validation_tasks else []
-    checkpoint = last_checkpoint(config.output_dir) if resume else None
-    if resume and checkpoint is None:
-        raise ConfigError(f"--resume: no checkpoint in {config.output_dir}")
-    out = Path(config.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     if config.log_samples:
         Path(config.log_samples).parent.mkdir(parents=True, exist_ok=True)

@@ -20,6 +20,7 @@ import torch
 
 from drkernel.agent.prompts import PromptTemplates, first_turn_prompt
 from drkernel.rl.metrics import fast_p_per_turn
+from drkernel.schema import HackReason
 from drkernel.tasks.loaders import require
 from drkernel.tasks.task import Task
 from drkernel.train.config import TrainConfig
@@ -32,7 +33,6 @@ transformers = require("transformers", "train", "Training")
 accelerate_utils = require("accelerate.utils", "train", "Training")
 
 METRICS = "metrics.jsonl"
-LAZY_KERNEL = "lazy_kernel"
 
 
 def _templates(config: TrainConfig) -> PromptTemplates:
@@ -174,7 +174,7 @@ class DrKernelTrainer(trl.GRPOTrainer):
                 rows.append({
                     "trajectory": base + i, "turn": record.turn, "reward": record.reward, "correct": record.correct,
                     "coverage": turn_coverage(record), "speedup": record.speedup, "status": record.status,
-                    "lazy": bool(record.result and LAZY_KERNEL in (record.result.get("hack_reasons") or [])),
+                    "lazy": bool(record.result and HackReason.LAZY_KERNEL.value in (record.result.get("hack_reasons") or [])),
                     "mrs": None if mrs_local is None else mrs_local[n], "task": record.task,
                 })
                 n += 1
@@ -325,7 +325,6 @@ class StepRecorder(transformers.TrainerCallback):
         every = self.trainer.config.validation_every
         if every and state.global_step % every == 0:  # on the main process only: one run directory per step
             metrics["validation"] = validate(self.trainer, state.global_step)
-        if True:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            with self.path.open("a") as f:
-                f.write(json.dumps(metrics) + "\n")
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with self.path.open("a") as f:
+            f.write(json.dumps(metrics) + "\n")
