@@ -193,7 +193,8 @@ class Sandbox:
             result = _crashed("KilledHarness", "the evaluation's parent process was killed during the evaluation",
                               workdir)
             result.hack_reasons = [HackReason.KILLED_HARNESS.value]
-            result.hack_details = {HackReason.KILLED_HARNESS.value: "the candidate killed the process that supervises it."}
+            result.hack_details = {
+                HackReason.KILLED_HARNESS.value: "the candidate killed the process that supervises it."}
             return result
         return _crashed_by_status(handle.status, workdir)
 
@@ -260,7 +261,8 @@ def _crashed_by_status(status: int | None, workdir: Path) -> EvalResult:
         result = _crashed("KilledHarness", f"the evaluation's judge was killed by {name} ({signal.strsignal(sig)})",
                           workdir)
         result.hack_reasons = [HackReason.KILLED_HARNESS.value]
-        result.hack_details = {HackReason.KILLED_HARNESS.value: "the process that judges the candidate was killed: a failure."}
+        result.hack_details = {
+            HackReason.KILLED_HARNESS.value: "the process that judges the candidate was killed: a failure."}
         return result
     code = os.WEXITSTATUS(status) if status is not None else None
     return _crashed("Exit", f"the evaluation's judge exited with code {code} before reporting a result", workdir)

@@ -94,7 +94,8 @@ class SubjectLink:
                 self.findings.add(code, str(message)[:2000])
         failure = reply.get("failure")
         if isinstance(failure, dict):
-            status = Status(failure.get("status")) if failure.get("status") in {s.value for s in Status} else Status.RUNTIME_ERROR
+            known = failure.get("status") in {s.value for s in Status}
+            status = Status(failure["status"]) if known else Status.RUNTIME_ERROR
             raise Failure(status, str(failure.get("kind", "Error"))[:100], str(failure.get("message", ""))[:4000],
                           str(failure.get("traceback", ""))[:8000])
 
