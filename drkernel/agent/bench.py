@@ -77,6 +77,7 @@ class BenchConfig:
     correctness_trials: int = 5
     perf_trials: int = 20
     measure_performance: bool = True
+    precision: str = "matched"  # EvalOptions.precision: matched (the default) or tolerance (KernelBench's rule)
 
     def __post_init__(self) -> None:
         ContextPolicy.parse(self.context)  # fail early on a bad policy
@@ -100,11 +101,12 @@ class BenchConfig:
 
     def eval_options(self) -> EvalOptions:
         return EvalOptions(device=self.device, timeout_s=self.timeout_s, correctness_trials=self.correctness_trials,
-                           perf_trials=self.perf_trials, measure_performance=self.measure_performance)
+                           perf_trials=self.perf_trials, measure_performance=self.measure_performance,
+                           precision=self.precision)
 
 
 FIXED_ON_RESUME = ("tasks", "model", "levels", "problems", "names", "samples", "context", "temperature", "top_p",
-                   "max_tokens", "stop", "seed", "prompts", "profiling_reward")
+                   "max_tokens", "stop", "seed", "prompts", "profiling_reward", "precision")
 
 
 class RunDirError(ValueError):

@@ -80,6 +80,9 @@ def bench_command(
     timeout: Optional[float] = typer.Option(_UNSET, "--timeout", min=1.0, help="Seconds per evaluation "
                                             "(default: 180)."),
     trials: Optional[int] = typer.Option(_UNSET, "--trials", min=1, help="Correctness trials (default: 5)."),
+    precision: Optional[str] = typer.Option(_UNSET, "--precision", help="matched: a speedup bought with lower "
+                                            "precision than the reference's is refused; tolerance: atol/rtol alone, "
+                                            "as KernelBench and the paper judge (default: matched)."),
     perf_trials: Optional[int] = typer.Option(_UNSET, "--perf-trials", min=1, help="Timed calls per side "
                                               "(default: 20)."),
     no_perf: Optional[bool] = typer.Option(_UNSET, "--no-perf/--perf",
@@ -100,8 +103,10 @@ def bench_command(
         "context": context, "temperature": temperature, "top_p": top_p, "max_tokens": max_tokens, "stop": stop,
         "seed": seed, "prompts": prompts, "profiling_reward": profiling_reward, "concurrency": concurrency,
         "request_timeout_s": request_timeout, "retries": retries, "device": device,
-        "workers": workers, "result_cache": result_cache, "ray": ray, "service": service, "timeout_s": timeout, "correctness_trials": trials,
+        "workers": workers, "result_cache": result_cache, "ray": ray, "service": service, "timeout_s": timeout,
+        "correctness_trials": trials,
         "perf_trials": perf_trials, "measure_performance": None if no_perf is None else not no_perf,
+        "precision": precision,
     }
     given = {key: value for key, value in given.items() if value not in (None, [])}
     try:

@@ -29,6 +29,11 @@ class ReferenceMode(str, Enum):
     compile = "compile"
 
 
+class Precision(str, Enum):
+    matched = "matched"
+    tolerance = "tolerance"
+
+
 def fail(message: str) -> typer.Exit:
     """Print the message as plain text (escaped: paths and messages hold brackets, e.g. 'drkernel[serve]'); exit 2."""
     err.print(f"[red]error:[/red] {escape(message)}")
@@ -59,6 +64,9 @@ def eval_command(
     perf_trials: int = typer.Option(20, "--perf-trials", min=1, help="Timed calls per side."),
     reference_mode: ReferenceMode = typer.Option(ReferenceMode.eager, "--reference-mode"),
     strict: bool = typer.Option(False, "--strict", help="Forbid PyTorch compute around the Triton kernels."),
+    precision: Precision = typer.Option(Precision.matched, "--precision", help="matched: a speedup bought with "
+                                        "lower precision than the reference's is refused; tolerance: atol/rtol "
+                                        "alone, as KernelBench and the paper judge."),
     no_perf: bool = typer.Option(False, "--no-perf", help="Check correctness only."),
     seed: int = typer.Option(42, "--seed"),
     as_json: bool = typer.Option(False, "--json", help="Print exactly one JSON object (single evaluation)."),
@@ -67,6 +75,7 @@ def eval_command(
     options = EvalOptions(
         device=device.value, timeout_s=timeout, correctness_trials=trials, perf_trials=perf_trials,
         reference_mode=reference_mode.value, allow_torch_glue=not strict, measure_performance=not no_perf, seed=seed,
+        precision=precision.value,
     )
     single, batch = (reference, candidate), (tasks, candidates)
     if any(single) and any(batch):

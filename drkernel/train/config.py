@@ -60,6 +60,7 @@ class TrainConfig:
     correctness_trials: int = 5
     perf_trials: int = 20
     measure_performance: bool = True
+    precision: str = "matched"  # EvalOptions.precision: matched (the default) or tolerance (KernelBench's rule)
     evaluator_retries: int = 3
     evaluator_backoff_s: float = 2.0
     # reward and advantages
@@ -163,6 +164,7 @@ class TrainConfig:
             correctness_trials=self.correctness_trials,
             perf_trials=self.perf_trials,
             measure_performance=self.measure_performance,
+            precision=self.precision,
         )
 
     def grpo_config(self) -> Any:
