@@ -573,30 +573,25 @@ class Judge:
 
     # -- the GPU's gate --------------------------------------------------------------------------------------
 
-    @contextmanager
-    def sharing_gpu(self) -> Iterator[None]:
+    def sharing_gpu(self) -> contextlib.AbstractContextManager[None]:
         """Work that may run beside other evaluations' correctness checks, never beside their timing."""
-        if self.gate is None:
-            yield
-            return
-        with self._gated(lambda: self.gate.exclusive() if self.alone else self.gate.shared()):
-            yield
+        return self._gated(lambda gate: gate.exclusive() if self.alone else gate.shared())
 
-    @contextmanager
-    def owning_gpu(self) -> Iterator[None]:
+    def owning_gpu(self) -> contextlib.AbstractContextManager[None]:
         """Timing and profiling: no other evaluation's kernels run meanwhile."""
+        return self._gated(lambda gate: gate.exclusive())
+
+    @contextmanager
+    def _gated(self, hold: Callable[[DeviceGate], Any]) -> Iterator[None]:
+        """Hold the GPU's gate (nothing to hold when the evaluation has its device to itself); on the way out, both
+        processes give back the memory they cached before others go on."""
         if self.gate is None:
             yield
             return
-        with self._gated(self.gate.exclusive):
-            yield
-
-    @contextmanager
-    def _gated(self, hold: Callable[[], Any]) -> Iterator[None]:
-        with hold():
+        with hold(self.gate):
             try:
                 yield
-            finally:  # memory both processes cached is given back before others go on
+            finally:
                 if self.device.type == "cuda":
                     with contextlib.suppress(Failure):  # a subject already gone holds nothing
                         self.link.ask("release")
