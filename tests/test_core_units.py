@@ -209,6 +209,7 @@ def test_source_hints() -> None:
     assert hints.fallback_handlers == [10]
     assert hints.mode_queries == ["training"] and hints.escape_imports == ["threading"]
     assert inspect_source("def (:").triton_kernels == []  # unparsable: no hints, no crash
+    assert inspect_source("def (:").notes() == []  # and no note claiming a missing kernel (the compile error speaks)
 
 
 def test_result_json_round_trip_and_options_validation() -> None:

@@ -23,9 +23,12 @@ class SourceHints:
     escape_imports: list[str] = field(default_factory=list)
     uses_torch_compile: bool = False
     triton_kernels: list[str] = field(default_factory=list)
+    parsed: bool = True  # False: the source is not valid Python, and its compile error says so; no hint applies
 
     def notes(self) -> list[str]:
-        notes = []
+        notes: list[str] = []
+        if not self.parsed:
+            return notes
         if self.uses_reference_model:
             notes.append(f"source refers to the reference Model ({', '.join(self.uses_reference_model)})")
         if self.fallback_handlers:
@@ -46,6 +49,7 @@ def inspect_source(source: str) -> SourceHints:
     try:
         tree = ast.parse(source)
     except SyntaxError:
+        hints.parsed = False
         return hints
     defines_model = any(isinstance(n, ast.ClassDef) and n.name == "Model" for n in tree.body)
     for node in ast.walk(tree):
