@@ -393,3 +393,14 @@ def figures_metric_keys() -> list[str]:
     from drkernel.report.published import METRICS
 
     return [key for key, (kind, _) in METRICS.items() if kind == "level"]
+
+
+def test_the_report_says_which_precision_rule_each_run_was_judged_by() -> None:
+    from pathlib import Path
+
+    from drkernel.report.build import precision_note
+    from drkernel.report.runs import Run
+
+    old, new = Run("old", Path("."), [], {}), Run("new", Path("."), [], {"precision": "matched"})
+    note = precision_note([old, new])
+    assert "old: tolerance (made before the rule existed)" in note and "new: matched" in note

@@ -92,6 +92,8 @@ def _bench_sections(report: Report, bench: list[Run]) -> None:
     if interpreter:
         report.notes.append("Some timings come from Triton's interpreter on the CPU: their speedups, and so Fast@p "
                             "for p > 0, say nothing of GPU speed.")
+    if bench:
+        report.notes.append(precision_note(bench))
     thresholds = {lazy_threshold(r.config) for r in bench}  # the lowest is drawn when runs differ
     folder = report.out / "figures"
     report.figures += [
@@ -173,3 +175,12 @@ def _html(report: Report) -> str:
         generated=datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
     )
 
+
+def precision_note(runs: list[Run]) -> str:
+    """Which precision rule each run's verdicts were made under (EvalOptions.precision, kept in its config.json): a
+    run made before drkernel had the rule was judged by tolerance alone."""
+    rules = [f"{run.turns_name}: {run.config.get('precision', 'tolerance (made before the rule existed)')}"
+             for run in runs]
+    return ("Precision rule of the verdicts: " + "; ".join(rules) + ". Under `matched` a speedup bought with lower "
+            "precision than the reference's is hacked; under `tolerance` it counts, as in KernelBench and the paper's "
+            "published numbers.")

@@ -68,6 +68,7 @@ def bench_config(config: TrainConfig, model_path: str) -> BenchConfig:
         correctness_trials=config.correctness_trials,
         perf_trials=config.perf_trials,
         measure_performance=config.measure_performance,
+        precision=config.precision,
     )
 
 
