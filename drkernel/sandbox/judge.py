@@ -29,14 +29,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-import numpy as np
 import torch
 import triton
 
 from drkernel.sandbox import channel, correctness, guards, loading, timing, verdict
 from drkernel.sandbox.channel import Channel, ChannelClosed, Encoder
 from drkernel.sandbox.gate import DeviceGate
-from drkernel.sandbox.subject import MODES, trimmed_traceback
+from drkernel.sandbox.subject import MODES, seeded, trimmed_traceback
 from drkernel.schema import (
     Correctness, Environment, EvalOptions, EvalRequest, EvalResult, KernelTime, Precision, Profile, Status, Timing,
 )
@@ -639,16 +638,6 @@ def evaluate(request: EvalRequest, workdir: Path, device: torch.device, gate: De
 
 
 # -- helpers -----------------------------------------------------------------------------------------------------
-
-
-def seeded(seed: int, device: torch.device, fn: Callable[[], Any]) -> Any:
-    """Call `fn` with every RNG seeded and the evaluation's device as the default one: tensors a task makes without
-    naming a device are born there (random inputs of gigabytes take seconds on the CPU)."""
-    random.seed(seed)
-    np.random.seed(seed % (2**32))
-    torch.manual_seed(seed)
-    with device:
-        return fn()
 
 
 def input_bytes(get_inputs: Callable[[], Any]) -> int | None:

@@ -115,7 +115,7 @@ class Subject:
             raise Refusal(Status.INVALID, "NoModelNew", "the candidate defines no class ModelNew")
         with self._candidate_running():
             try:
-                model = _seeded(int(header["seed"]), self.device, lambda: module.ModelNew(*init_inputs))
+                model = seeded(int(header["seed"]), self.device, lambda: module.ModelNew(*init_inputs))
                 self.model = model.to(self.device) if isinstance(model, torch.nn.Module) else model
             except BaseException as exc:
                 raise self._classify(exc)
@@ -394,9 +394,10 @@ def trimmed_traceback(exc: BaseException, folder: Path) -> str:
     return text if len(text) <= TRACEBACK_CHARS else "...\n" + text[-TRACEBACK_CHARS:]
 
 
-def _seeded(seed: int, device: torch.device, fn: Callable[[], Any]) -> Any:
-    """`fn` with every RNG seeded and `device` as the default one, as the judge builds the reference: a candidate
-    that initialises its parameters like the reference gets the same values."""
+def seeded(seed: int, device: torch.device, fn: Callable[[], Any]) -> Any:
+    """`fn` with every RNG seeded and `device` as the default one (tensors made without naming a device are born
+    there): the judge builds the reference and the subject the candidate this way, so a candidate that initialises
+    its parameters like the reference gets the same values."""
     import random
 
     import numpy as np
