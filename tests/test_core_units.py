@@ -249,3 +249,48 @@ def test_compare_sample_checks_random_elements_of_large_outputs() -> None:
     mismatch = sample(ref, torch.zeros(10))  # anything but same-shape tensors: compared in full
     assert not mismatch.ok and mismatch.mismatch.reason == "shape"
     assert not sample(torch.randn(8), torch.randn(8)).ok  # no larger than the sample: in full
+
+
+class _FakeDriver:
+    """libcuda's persisting-L2 calls, as a dict of settings and a log of the calls that change them."""
+
+    def __init__(self) -> None:
+        self.limit, self.window, self.changes = 0, False, []
+
+    def cuCtxGetLimit(self, limit, _which):  # noqa: N802 (the driver's names)
+        limit._obj.value = self.limit
+
+    def cuStreamGetAttribute(self, _stream, _attr, value):  # noqa: N802
+        value[0] = int(self.window)
+
+    def cuCtxSetLimit(self, _which, size):  # noqa: N802
+        self.limit = size.value
+        self.changes.append("limit")
+
+    def cuCtxResetPersistingL2Cache(self):  # noqa: N802
+        self.changes.append("reset")
+
+    def cuStreamSetAttribute(self, _stream, _attr, _value):  # noqa: N802
+        self.window = False
+        self.changes.append("window")
+
+
+def test_persisting_l2_is_reset_only_when_a_setting_changed(monkeypatch) -> None:
+    """The reset waits for the device (milliseconds a time): done at first, then only after a candidate set a
+    carve-out or a window, and then in full."""
+    import ctypes
+
+    fake = _FakeDriver()
+    monkeypatch.setattr(ctypes, "CDLL", lambda _name: fake)
+    l2 = timing.PersistingL2(stream=0)
+    assert fake.changes == ["limit", "reset", "window"]
+    for _ in range(3):
+        l2.clear()
+    assert len(fake.changes) == 3 and not l2.tampered()
+    fake.limit = 8 << 20  # a carve-out, set by the candidate
+    assert l2.tampered()
+    l2.clear()
+    assert fake.changes[3:] == ["limit", "reset", "window"] and fake.limit == 0
+    fake.window = True  # an access-policy window on the timed stream
+    l2.clear()
+    assert fake.changes[6:] == ["limit", "reset", "window"] and not l2.tampered()

@@ -116,6 +116,26 @@ def test_shared_holder_lets_the_lock_go_while_triton_compiles(tmp_path: Path) ->
         assert synced == [1]
 
 
+def test_large_holders_check_beside_ordinary_ones_never_beside_each_other(tmp_path: Path) -> None:
+    """An evaluation large in memory checks correctness beside ordinary ones, but a second large one waits for it,
+    and it keeps its hold through a compilation: no timing runs while its memory is taken."""
+    big, other_big, small, timer = (_gate(tmp_path, n) for n in ("big", "big2", "s", "t"))
+    events: list[str] = []
+    synced: list[int] = []
+    with big.large():
+        with small.shared():  # an ordinary check at the same time: no wait
+            events.append("small")
+        second = _try(other_big.large, events, "big2")
+        big.pause(lambda: synced.append(1))  # compiling: the hold is kept
+        writer = _try(timer.exclusive, events, "timing")
+        time.sleep(0.3)
+        assert events == ["small"] and synced == [] and WAITING["big2"] and WAITING["t"]
+        big.resume()
+    second.join(5)
+    writer.join(5)
+    assert sorted(events[1:]) == ["big2", "timing"] and not WAITING["big2"] and not WAITING["t"]
+
+
 @pytest.mark.slow
 def test_evaluation_waits_at_the_gate_without_timing_out(tmp_path: Path) -> None:
     """Another evaluation holds the GPU shared (its correctness checks): this one's correctness runs meanwhile,

@@ -11,6 +11,10 @@ time against the evaluation's deadline (an evaluation is not late because others
 Triton compiles a candidate's kernels on the CPU at their first launch, inside a correctness trial. A yielding holder
 lets the lock go for the compilation (`pause`, after the work already queued is done), so another evaluation's
 timing can run meanwhile, and takes it again before the kernel launches (`resume`).
+
+An evaluation whose trials need a large part of the GPU's memory (`large`) shares the GPU with others' ordinary
+checks, but with no other large one (a third file, held exclusively), and keeps its hold while it compiles: its
+memory then never meets another large evaluation's, nor a timing's (out-of-memory failures measured on an H100).
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ class DeviceGate:
         self.path = Path(lock_path)
         self._lock = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o600)
         self._turnstile = os.open(f"{lock_path}.turnstile", os.O_RDWR | os.O_CREAT, 0o600)
+        self._large = os.open(f"{lock_path}.large", os.O_RDWR | os.O_CREAT, 0o600)
         self._on_wait = on_wait  # told True when a wait for the lock begins, False when it ends
         self._yielding: int | None = None  # the mode of a hold that is let go while Triton compiles
         self._compiling = False
@@ -45,8 +50,25 @@ class DeviceGate:
         return self._hold(fcntl.LOCK_SH, yield_to_compile=True)
 
     def exclusive(self) -> contextlib.AbstractContextManager[None]:
-        """Timing and profiling, and checks too large in memory to share the GPU (they keep it while compiling)."""
+        """Timing and profiling: no other evaluation's work beside."""
         return self._hold(fcntl.LOCK_EX, yield_to_compile=False)
+
+    @contextmanager
+    def large(self) -> Iterator[None]:
+        """Checks of an evaluation large in memory: beside others' ordinary checks, one large at a time, the hold
+        kept while compiling."""
+        if self._on_wait is not None:
+            self._on_wait(True)
+        try:
+            fcntl.flock(self._large, fcntl.LOCK_EX)
+        finally:
+            if self._on_wait is not None:
+                self._on_wait(False)
+        try:
+            with self._hold(fcntl.LOCK_SH, yield_to_compile=False):
+                yield
+        finally:
+            fcntl.flock(self._large, fcntl.LOCK_UN)
 
     @contextmanager
     def _hold(self, mode: int, yield_to_compile: bool) -> Iterator[None]:

@@ -49,6 +49,7 @@ SHARE_OF_MEMORY = 0.25  # of the GPU's memory, at most, for one evaluation's tri
 DEGENERACY_SAMPLE = 1 << 20  # elements of the reference's output kept to judge whether the task is degenerate
 STDERR_TAIL = 3000
 PROFILED_CALLS = 3  # profiled forwards, each on inputs of its own
+PROFILE_SHARE_OF_MEMORY = 0.5  # the profile holds the GPU alone, but other evaluations' processes keep their memory
 STOP_WAIT_S = 2.0  # how long the judge waits to learn how the subject ended
 
 
@@ -71,9 +72,13 @@ class SubjectLink:
                  gate: DeviceGate | None) -> None:
         self.conn, self.pid, self.scratch, self.device = conn, pid, scratch, device
         self.findings, self.gate = findings, gate
+        # What the two processes cost beyond the work itself, in seconds: requests' round trips less the subject's
+        # time in its handlers (the socket, encoding, mapping inputs), collecting shared blocks, mapping outputs.
+        self.costs = {"handover": 0.0, "ipc_collect": 0.0, "map_outputs": 0.0}
 
     def ask(self, op: str, values: dict[str, Any] | None = None, **fields: Any) -> tuple[dict[str, Any], list]:
         self._collect()
+        start = time.perf_counter()
         encoder = Encoder()
         header = {"op": op, **fields, **{k: encoder.encode(v) for k, v in (values or {}).items()}}
         try:
@@ -81,6 +86,7 @@ class SubjectLink:
             reply, payloads = self._reply()
         except (ChannelClosed, channel.BadMessage) as exc:
             raise self._died(exc) from None
+        self._count_handover(start, reply)
         self._take_findings(reply)
         del encoder  # the subject has copied the inputs
         return reply, payloads
@@ -117,19 +123,30 @@ class SubjectLink:
                 raise channel.BadMessage("a timed call's reply came without its end signal")
         except (ChannelClosed, channel.BadMessage) as exc:
             raise self._died(exc) from None
+        self._count_handover(start, reply)
         self._take_findings(reply)
         return reply, payloads, wall
+
+    def _count_handover(self, start: float, reply: dict[str, Any]) -> None:
+        busy = reply.get("busy_s")
+        busy = float(busy) if isinstance(busy, (int, float)) and math.isfinite(busy) else 0.0
+        self.costs["handover"] += max(0.0, time.perf_counter() - start - busy)
 
     def _collect(self) -> None:
         """Free what the judge shared earlier and the subject has let go of (CUDA frees shared blocks only here)."""
         if self.device.type == "cuda":
+            start = time.perf_counter()
             torch.cuda.ipc_collect()
+            self.costs["ipc_collect"] += time.perf_counter() - start
 
     def values(self, reply: dict[str, Any], payloads: list, key: str) -> Any:
+        start = time.perf_counter()
         try:
             return channel.decode(reply[key], payloads, self.device)
         except (KeyError, channel.BadMessage) as exc:
             raise Failure(Status.CRASHED, "BadReply", f"the candidate's process sent a malformed answer: {exc}")
+        finally:
+            self.costs["map_outputs"] += time.perf_counter() - start
 
     def _reply(self) -> tuple[dict[str, Any], list]:
         """The reply, letting the GPU's gate go while the subject's Triton compiles a kernel."""
@@ -161,15 +178,19 @@ class SubjectLink:
         return Failure(Status.CRASHED, "Exit",
                        f"the evaluation process exited with code {code} before it answered", tail)
 
-    def stop(self) -> int | None:
-        """End the subject (whatever it is doing) and return its wait status, None if it is not known in time. Where
-        Landlock scopes signals, the judge cannot signal the subject's domain: the subject then ends with the judge
-        (its parent-death signal, the PID namespace, the supervisor's kill of the process group)."""
+    def stop(self, wait: bool = True) -> int | None:
+        """End the subject (whatever it is doing) and return its wait status, None if it is not known in time (or not
+        waited for: a subject that answered to the end need not be seen to die before the verdict goes out; its
+        CUDA context takes about 0.1 s to go). Where Landlock scopes signals, the judge cannot signal the subject's
+        domain: the subject then ends with the judge (its parent-death signal, the PID namespace, the supervisor's
+        kill of the process group)."""
         self.conn.sock.close()
         try:
             os.kill(self.pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
             pass
+        if not wait:
+            return None
         deadline = time.monotonic() + STOP_WAIT_S
         while True:
             try:
@@ -263,7 +284,7 @@ class Judge:
         self.request, self.workdir, self.device, self.gate, self.link = request, workdir, device, gate, link
         self.findings = link.findings
         self.notes: list[str] = []
-        self.alone = False  # its inputs are too large to share the GPU's memory: every GPU phase takes it alone
+        self.large = False  # its trials take a large part of the GPU's memory: never beside another large one
         self.report: CorrectnessReport | None = None  # kept when a trial fails: the result says how far it got
         self._rng = random.Random(secrets.randbits(64))  # trial seeds and checked calls: nobody else learns them
 
@@ -292,14 +313,15 @@ class Judge:
 
     def check_memory_share(self, reference: Reference) -> None:
         """Several evaluations check correctness at once: one whose trials need more than a share of the GPU's memory
-        (inputs, the subject's copy, the hand-over copy and two outputs, from get_inputs on the meta device) runs
-        its GPU phases alone, and keeps the GPU while the subject compiles: the memory its two processes hold then
-        left no room for another evaluation's timing (out-of-memory failures measured on an H100)."""
+        (inputs, the subject's copy, the hand-over copy and two outputs, from get_inputs on the meta device) is
+        large: it checks beside ordinary evaluations but no other large one, and keeps the GPU while the subject
+        compiles (its memory, held through a compilation, left no room for another's timing: out-of-memory failures
+        measured on an H100). Running large ones strictly alone cost a third of the throughput on the level-1 set."""
         if self.gate is None or self.device.type != "cuda":
             return
         inputs = input_bytes(reference.get_inputs)  # None, sizes unknown: do not risk another evaluation's memory
         limit = torch.cuda.get_device_properties(self.device).total_memory * SHARE_OF_MEMORY
-        self.alone = inputs is None or 5 * inputs > limit
+        self.large = inputs is None or 5 * inputs > limit
 
     def load_candidate(self, reference: Reference) -> None:
         reply, _ = self.link.ask("load", {"init_inputs": reference.init_inputs}, candidate=self.request.candidate,
@@ -510,8 +532,7 @@ class Judge:
             )
         with torch.no_grad():
             out = reference.call(*args)
-        out_bytes = sum(t.numel() * t.element_size() for t in correctness.flatten_outputs(out)
-                        if isinstance(t, torch.Tensor))
+        out_bytes = _nbytes(out)
         floor_ms = out_bytes / timing.measure_bandwidth(self.device) * 1e3
         if stats.median_ms < 0.5 * floor_ms:
             self.findings.add(
@@ -526,10 +547,13 @@ class Judge:
         """Coverage from a call on fresh inputs whose output the judge checks."""
         if self.device.type != "cuda":
             return Profile(launches=dict(report.own_counts), note="no GPU: launch counts only, coverage not measured")
-        sets = [reference.inputs(self.secret_seed()) for _ in range(1 + PROFILED_CALLS)]  # a warm-up, then profiled
         reference.model.train(False)
+        sets = [reference.inputs(self.secret_seed())]  # the warm-up's, then one set per profiled call
+        ref_outs: list[Any] = []
         with torch.no_grad():
-            ref_outs = [reference.call(*inputs) for inputs in sets[1:]]
+            while len(ref_outs) < self._profiled_calls(sets[0], ref_outs[:1]):
+                sets.append(reference.inputs(self.secret_seed()))
+                ref_outs.append(reference.call(*sets[-1]))
         reply, payloads = self.link.ask("profile", {"inputs": sets}, own_names=sorted(report.own_counts))
         cand_outs = self.link.values(reply, payloads, "outputs")
         if not isinstance(cand_outs, list) or len(cand_outs) != len(ref_outs):
@@ -547,6 +571,17 @@ class Judge:
                 "computation into the kernels.",
             )
         return result
+
+    def _profiled_calls(self, inputs: list[Any], outputs: list[Any]) -> int:
+        """PROFILED_CALLS, or fewer (at least one) where their memory would pass PROFILE_SHARE_OF_MEMORY of the GPU's:
+        each holds an input set in both processes and three outputs (the reference's, the candidate's and its copy);
+        the warm-up two input sets. Problems with 6.4 GB inputs ran out of memory with three calls on an H100."""
+        if not outputs:  # the first profiled call is made in any case; its output's size is known after it
+            return 1
+        size_in, size_out = _nbytes(inputs), _nbytes(outputs[0])
+        budget = torch.cuda.get_device_properties(self.device).total_memory * PROFILE_SHARE_OF_MEMORY
+        fits = int((budget - 2 * size_in) // max(1, 2 * size_in + 3 * size_out))
+        return max(1, min(PROFILED_CALLS, fits))
 
     def ablate(self, reference: Reference) -> None:
         """In every mode, on fresh inputs: where poisoning what the own kernels wrote leaves the output unchanged, they
@@ -574,7 +609,7 @@ class Judge:
 
     def sharing_gpu(self) -> contextlib.AbstractContextManager[None]:
         """Work that may run beside other evaluations' correctness checks, never beside their timing."""
-        return self._gated(lambda gate: gate.exclusive() if self.alone else gate.shared())
+        return self._gated(lambda gate: gate.large() if self.large else gate.shared())
 
     def owning_gpu(self) -> contextlib.AbstractContextManager[None]:
         """Timing and profiling: no other evaluation's kernels run meanwhile."""
@@ -632,7 +667,8 @@ def evaluate(request: EvalRequest, workdir: Path, device: torch.device, gate: De
         failure = Failure(Status.RUNTIME_ERROR, type(exc).__name__, f"evaluation failed: {exc}",
                           trimmed_traceback(exc, workdir))
     finally:
-        link.stop()
+        link.stop(wait=failure is not None)
+        result.phases_s.update({name: round(seconds, 4) for name, seconds in link.costs.items()})
     return verdict.decide(result, judge.report.correctness if judge.report else None, failure, judge.findings,
                           judge.notes, opts)
 
@@ -705,6 +741,10 @@ def _profile_from(data: Any) -> Profile:
         return Profile(**{**data, "kernels": kernels})
     except TypeError:
         return Profile(note="the candidate's process sent a malformed profile")
+
+
+def _nbytes(values: Any) -> int:
+    return sum(t.numel() * t.element_size() for t in correctness.flatten_outputs(values) if isinstance(t, torch.Tensor))
 
 
 def _identical(a: Any, b: Any) -> bool:

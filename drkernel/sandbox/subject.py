@@ -55,6 +55,7 @@ class Subject:
         self.timer: timing.CallTimer | None = None
         self.last_out: Any = None  # the last timed call's outputs, whose shapes the null calls hand over
         self.gate_hooks = gate_hooks
+        self.mapping_s = 0.0  # this request's time spent mapping the judge's inputs
 
     # -- the loop ----------------------------------------------------------------------------------------------
 
@@ -67,6 +68,7 @@ class Subject:
             self.sent = Encoder()  # the judge has read the last reply: its memory may go
             if self.device.type == "cuda":
                 torch.cuda.ipc_collect()  # shared blocks the judge has let go of are freed only here
+            started, self.mapping_s = time.perf_counter(), 0.0
             try:
                 reply = handlers[op](header, payloads)
             except Refusal as refusal:
@@ -76,14 +78,23 @@ class Subject:
             except BaseException as exc:  # the candidate raised outside a checked call (ablation, profiling, timing)
                 reply = {"failure": self._classify(exc).failure}
             reply["findings"] = dict(self.findings.details)
+            reply["busy_s"] = time.perf_counter() - started - self.mapping_s  # the rest is the hand-over's cost
             self.conn.send(reply, self.sent.payloads)
             if op == "finish":
                 return
 
     def _inputs(self, header: dict[str, Any], payloads: list[bytearray]) -> list[Any]:
         """The judge's inputs, copied into this process's own memory (the judge's stay the judge's)."""
-        values = channel.decode(header["inputs"], payloads, self.device)
+        values = self._mapped(header, payloads)
         return [v.clone() if isinstance(v, torch.Tensor) else v for v in values]
+
+    def _mapped(self, header: dict[str, Any], payloads: list[bytearray]) -> Any:
+        """The judge's inputs as it sent them (on a GPU, its memory mapped here); the time it takes is the hand-over's."""
+        start = time.perf_counter()
+        try:
+            return channel.decode(header["inputs"], payloads, self.device)
+        finally:
+            self.mapping_s += time.perf_counter() - start
 
     # -- load and build ------------------------------------------------------------------------------------------
 
@@ -127,7 +138,7 @@ class Subject:
     def call(self, header: dict[str, Any], payloads: list[bytearray]) -> dict[str, Any]:
         """One checked call in a mode (correctness trials): the outputs, how many own kernels ran. The judge's inputs
         (mapped, not copied, on a GPU) are the pristine values the call's copy is compared with afterwards."""
-        pristine = channel.decode(header["inputs"], payloads, self.device)
+        pristine = self._mapped(header, payloads)
         args = [v.clone() if isinstance(v, torch.Tensor) else v for v in pristine]
         training, grad_mode = MODES[header["mode"]]
         self._set_training(training)
@@ -151,7 +162,7 @@ class Subject:
     def time(self, header: dict[str, Any], payloads: list[bytearray]) -> dict[str, Any]:
         """One timed call on fresh values written into the same buffers (or, with `null`, the same steps around no
         call at all: the judge calibrates its wall-clock view of this process with it)."""
-        fresh = channel.decode(header["inputs"], payloads, self.device)
+        fresh = self._mapped(header, payloads)
         if self.buffers is None:
             self.buffers = [v.clone() if isinstance(v, torch.Tensor) else v for v in fresh]
             self.timer = timing.CallTimer(self.device)
@@ -189,13 +200,13 @@ class Subject:
         kernels and the rest; their outputs go to the judge, which checks them: coverage only counts for calls that
         computed the right answer, and no call repeats an input a memo could answer from."""
         sets = [[v.clone() if isinstance(v, torch.Tensor) else v for v in values]
-                for values in channel.decode(header["inputs"], payloads, self.device)]
+                for values in self._mapped(header, payloads)]
         own = set(header["own_names"])
         self._set_training(False)
         with torch.no_grad(), self._candidate_running():
-            self.model(*sets[0])  # warm
+            self.model(*sets.pop(0))  # warm; its inputs and outputs go before the profiled calls
             outputs: list[Any] = []
-            result = profiling.profile_cuda([lambda args=args: self.model(*args) for args in sets[1:]], own,
+            result = profiling.profile_cuda([lambda args=args: self.model(*args) for args in sets], own,
                                             after=lambda out: outputs.append(_cloned(out)))
             self.recorder.take()
         return {"profile": dataclasses.asdict(result), "outputs": self.sent.encode(outputs)}
@@ -219,6 +230,7 @@ class Subject:
             del outputs
             self.model(*anew)
             again = _own_names(self.recorder.take())
+            del anew
 
             def poison_written(launch: launches.Launch) -> None:
                 if launch.own:
