@@ -149,7 +149,8 @@ class Subject:
         return {"outputs": self.sent.encode(out), "own": own}  # own kernel name -> launches
 
     def warm(self, header: dict[str, Any], payloads: list[bytearray]) -> dict[str, Any]:
-        """An untimed call before timing: its host time sets the device spin that hides launch overhead."""
+        """An untimed call before timing: its host time sets the device spin that hides launch overhead. Its inputs
+        become the timed calls' buffers, and the timer is made here: no timed call pays for setting them up."""
         args = self._inputs(header, payloads)
         self._set_training(False)
         start = time.perf_counter()
@@ -157,29 +158,27 @@ class Subject:
             self.model(*args)
         host_ms = (time.perf_counter() - start) * 1e3
         self._sync()
+        self.buffers = args
+        if self.timer is None:
+            self.timer = timing.CallTimer(self.device)
         return {"host_ms": host_ms}
 
     def time(self, header: dict[str, Any], payloads: list[bytearray]) -> dict[str, Any]:
         """One timed call on fresh values written into the same buffers (or, with `null`, the same steps around no
         call at all: the judge calibrates its wall-clock view of this process with it)."""
-        fresh = self._mapped(header, payloads)
-        if self.buffers is None:
-            self.buffers = [v.clone() if isinstance(v, torch.Tensor) else v for v in fresh]
-            self.timer = timing.CallTimer(self.device)
-        else:
-            for old, new in zip(self.buffers, fresh):
-                if isinstance(old, torch.Tensor):
-                    old.copy_(new)
-        del fresh
-        assert self.timer is not None
+        assert self.buffers is not None and self.timer is not None, "the judge warms up before it times"
+        for old, new in zip(self.buffers, self._mapped(header, payloads)):
+            if isinstance(old, torch.Tensor):
+                old.copy_(new)
         self.timer.cover_ms = float(header["spin_ms"])
         null = bool(header.get("null"))
         if not null:
             self.last_out = None  # freed before the call makes new outputs
         self._set_training(False)
         self.recorder.take()
-        with torch.no_grad(), self._candidate_running():
-            out, event_ms, host_ms = self.timer.timed(_nothing if null else self.model, self.buffers)
+        with torch.no_grad(), self._candidate_running():  # the judge's clock stops once the device is idle
+            out, event_ms, host_ms = self.timer.timed(_nothing if null else self.model, self.buffers,
+                                                      on_idle=lambda: self.conn.send({"timed": True}))
         if null:  # the last call's outputs, handed over again the same way: the judge's calibration
             out = self.last_out
         else:
@@ -192,7 +191,6 @@ class Subject:
         if self.timer.l2_tampered:
             self.findings.add(guards.L2_PERSISTENCE, "the candidate changed the GPU's persisting-L2 settings (a "
                               "carve-out or an access-policy window): timed calls must meet a flushed cache.")
-        self.conn.send({"timed": True})  # the judge's clock stops here, before the outputs are handed over
         return {"event_ms": event_ms, "host_ms": host_ms, "own": len(own), "outputs": self.sent.encode(out)}
 
     def profile(self, header: dict[str, Any], payloads: list[bytearray]) -> dict[str, Any]:

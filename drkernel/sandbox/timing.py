@@ -77,12 +77,16 @@ class CallTimer:
         self._sync()
         return cycles / max(start.elapsed_time(end), 1e-3)
 
-    def timed(self, fn: Callable[..., Any], args: list[Any]) -> tuple[Any, float, float]:
-        """(output, milliseconds of the call, host milliseconds to enqueue it), the device idle on return."""
+    def timed(self, fn: Callable[..., Any], args: list[Any],
+              on_idle: Callable[[], None] | None = None) -> tuple[Any, float, float]:
+        """(output, milliseconds of the call, host milliseconds to enqueue it), the device idle on return; `on_idle`
+        is told as soon as it is (before this side's own checks)."""
         if not self.cuda:
             start = _perf_counter()
             out = fn(*args)
             elapsed = (_perf_counter() - start) * 1e3
+            if on_idle is not None:
+                on_idle()
             return out, elapsed, elapsed
         self._l2.clear()
         start, end = self._event(enable_timing=True), self._event(enable_timing=True)
@@ -95,6 +99,8 @@ class CallTimer:
         end.record()
         host_ms = (_perf_counter() - host_start) * 1e3
         self._sync()
+        if on_idle is not None:
+            on_idle()
         self.l2_tampered |= self._l2.tampered()
         return out, start.elapsed_time(end), host_ms
 
