@@ -33,6 +33,7 @@ from drkernel.agent.records import (
     read_trajectories,
 )
 from drkernel.rl import RewardConfig, reward
+from drkernel.schema import EvalResult
 from drkernel.tasks import Task
 
 
@@ -126,14 +127,30 @@ async def _turn(
     completion = await model.complete(messages, config.sampling, seed=seed, tag=f"{task.key}/{sample}/{turn}")
     generated = time.monotonic()
     record.response, record.usage = completion.text, completion.usage
-    record.code = extract_code(completion.text)
-    if record.code is None:
-        record.status = FORMAT_ERROR
-        record.feedback = feedback_prompt(None, None, config.templates)
-    else:
-        result = await evaluator.evaluate(task, record.code)
-        record.result, record.status = result.to_dict(), result.status
-        record.reward = reward(result, config.reward)
-        record.feedback = feedback_prompt(result, record.code, config.templates)
+    judged = await judge_answer(task, completion.text, evaluator, config.reward, config.templates)
+    record.code, record.status, record.reward = judged.code, judged.status, judged.reward
+    record.feedback = judged.feedback
+    record.result = judged.result.to_dict() if judged.result is not None else None
     record.timings = {"generation_s": generated - started, "evaluation_s": time.monotonic() - generated}
     return record
+
+
+@dataclass
+class JudgedAnswer:
+    code: str | None  # the python block judged; None: the answer had none (status FORMAT_ERROR, reward 0)
+    result: EvalResult | None
+    status: str
+    reward: float
+    feedback: str  # the message the next turn shows the model
+
+
+async def judge_answer(task: Task, response: str, evaluator: Evaluator, reward_config: RewardConfig,
+                       templates: PromptTemplates) -> JudgedAnswer:
+    """One answer to one task: its code, verdict, reward and feedback. The loop, `drkernel bench` and the
+    framework integrations (drkernel.integrations) judge a turn with this, so they agree on every answer."""
+    code = extract_code(response)
+    if code is None:
+        return JudgedAnswer(None, None, FORMAT_ERROR, 0.0, feedback_prompt(None, None, templates))
+    result = await evaluator.evaluate(task, code)
+    return JudgedAnswer(code, result, result.status, reward(result, reward_config),
+                        feedback_prompt(result, code, templates))

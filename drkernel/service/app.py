@@ -160,6 +160,11 @@ class Guard:
                 status, message, extra = refusal
                 await _send_json(send, status, {"detail": message}, extra)
                 return
+        elif scope["type"] == "websocket" and self.token:  # a WebSocket session (the OpenEnv server's) is refused
+            headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+            if not self._authorized(headers):
+                await send({"type": "websocket.close", "code": 1008, "reason": "missing or wrong bearer token"})
+                return
         await self.app(scope, receive, send)
 
     def _refusal(self, scope: Scope, headers: dict[str, str]) -> tuple[int, str, dict[str, str]] | None:

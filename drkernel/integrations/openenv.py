@@ -1,0 +1,158 @@
+"""drkernel as an OpenEnv environment (`pip install drkernel[openenv]`), for the frameworks that take environments
+through `openenv-core` (TRL's GRPOTrainer among them).
+
+An episode is one task, several turns: `reset` gives the task's first prompt (the task named by the client, or
+drawn from the server's task set with the client's seed); each `step` takes the model's answer, judges it with
+`drkernel.agent.loop.judge_answer` (the very function `drkernel bench` uses, so the verdicts and rewards agree) and
+returns the reward, the full result and the chat to show the model next (the context policy of `drkernel bench`
+applied). The episode is done after `EpisodeConfig.turns` answers. Candidates are judged by the evaluator the
+server is given: the embedded scheduler, Ray or a `drkernel serve` service, each with its confinement.
+
+    app = create_server(tasks, evaluator, EpisodeConfig(turns=3))     # uvicorn.run(app, ...)
+    with KernelEnvClient(base_url="http://host:8000").sync() as env:
+        observation = env.reset(task="level1/19_ReLU").observation
+        result = env.step(KernelAction(answer=completion))
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from openenv.core import EnvClient
+from openenv.core.client_types import StepResult
+from openenv.core.env_server.http_server import create_app
+from openenv.core.env_server.interfaces import Environment
+from openenv.core.env_server.types import Action, Observation, State
+from pydantic import Field
+
+from drkernel.agent.context import ContextPolicy, ShownTurn, build_messages
+from drkernel.agent.evaluate import Evaluator
+from drkernel.agent.loop import judge_answer
+from drkernel.agent.prompts import PromptTemplates, first_turn_prompt
+from drkernel.rl import RewardConfig
+from drkernel.tasks import Task
+
+
+class KernelAction(Action):
+    answer: str = Field(description="the model's reply: a ModelNew in a python block")
+
+
+class KernelObservation(Observation):
+    task: str = Field(description="the task's key")
+    turn: int = Field(default=0, description="answers judged so far in this episode")
+    messages: list[dict[str, str]] = Field(default_factory=list, description="the chat to show the model next")
+    feedback: str = Field(default="", description="what the last answer's verdict says to the model")
+    status: str | None = Field(default=None, description="the last answer's status (format_error: no code)")
+    result: dict[str, Any] | None = Field(default=None, description="the last answer's full EvalResult")
+
+
+class KernelState(State):
+    task: str | None = None
+    turns: int = 0  # the episode's length
+    rewards: list[float] = Field(default_factory=list)
+
+
+@dataclass
+class EpisodeConfig:
+    """An episode's shape; the paper trains with 3 turns and shows every earlier turn."""
+
+    turns: int = 3
+    context: ContextPolicy = field(default_factory=ContextPolicy)
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    templates: PromptTemplates = field(default_factory=PromptTemplates)
+
+    def __post_init__(self) -> None:
+        if self.turns < 1:
+            raise ValueError(f"an episode has at least one turn, not {self.turns}")
+
+
+class EpisodeError(ValueError):
+    """The client asked for something the episode cannot do (an unknown task, a step before reset or after the
+    end): nothing is judged, nothing is lost."""
+
+
+class KernelEnvironment(Environment[KernelAction, KernelObservation, KernelState]):
+    SUPPORTS_CONCURRENT_SESSIONS = True  # episodes share only the evaluator, whose own queue orders the work
+
+    def __init__(self, tasks: Sequence[Task], evaluator: Evaluator, config: EpisodeConfig | None = None) -> None:
+        super().__init__()
+        if not tasks:
+            raise ValueError("an environment needs at least one task")
+        self.tasks = {task.key: task for task in tasks}
+        self.evaluator, self.config = evaluator, config or EpisodeConfig()
+        self._task: Task | None = None
+        self._shown: list[ShownTurn] = []
+        self._state = KernelState()
+
+    async def reset_async(self, seed: int | None = None, episode_id: str | None = None,
+                          task: str | None = None, **_: Any) -> KernelObservation:
+        if task is not None and task not in self.tasks:
+            raise EpisodeError(f"unknown task {task!r}; this server has {len(self.tasks)} (e.g. {next(iter(self.tasks))})")
+        key = task if task is not None else random.Random(seed).choice(sorted(self.tasks))
+        self._task, self._shown = self.tasks[key], []
+        self._state = KernelState(episode_id=episode_id or uuid.uuid4().hex, step_count=0, task=key,
+                                  turns=self.config.turns)
+        return KernelObservation(task=key, messages=self._messages(), reward=None, done=False)
+
+    async def step_async(self, action: KernelAction, timeout_s: float | None = None, **_: Any) -> KernelObservation:
+        if self._task is None or self._state.step_count >= self.config.turns:
+            raise EpisodeError("no episode in progress: reset first (an episode ends after its last turn)")
+        judged = await judge_answer(self._task, action.answer, self.evaluator, self.config.reward,
+                                    self.config.templates)
+        self._shown.append(ShownTurn(action.answer, judged.feedback, judged.reward))
+        self._state.step_count += 1
+        self._state.rewards.append(judged.reward)
+        done = self._state.step_count >= self.config.turns
+        return KernelObservation(
+            task=self._task.key, turn=self._state.step_count, messages=[] if done else self._messages(),
+            feedback=judged.feedback, status=judged.status,
+            result=judged.result.to_dict() if judged.result is not None else None, reward=judged.reward, done=done)
+
+    def reset(self, seed: int | None = None, episode_id: str | None = None, **kwargs: Any) -> KernelObservation:
+        return asyncio.run(self.reset_async(seed, episode_id, **kwargs))
+
+    def step(self, action: KernelAction, timeout_s: float | None = None, **kwargs: Any) -> KernelObservation:
+        return asyncio.run(self.step_async(action, timeout_s, **kwargs))
+
+    @property
+    def state(self) -> KernelState:
+        return self._state
+
+    def _messages(self) -> list[dict[str, str]]:
+        assert self._task is not None
+        messages, _ = build_messages(first_turn_prompt(self._task.code, self.config.templates), self._shown,
+                                     self.config.context)
+        return messages
+
+
+def create_server(tasks: Sequence[Task], evaluator: Evaluator, config: EpisodeConfig | None = None,
+                  max_sessions: int = 64, token: str | None = None) -> Any:
+    """The OpenEnv app (FastAPI) serving episodes over `tasks`; one environment per client session. With `token`,
+    every request and WebSocket must carry `Authorization: Bearer <token>`, as `drkernel serve` asks (openenv-core's
+    own client sends no headers: behind a token, use a client that does, or keep the server on a private network)."""
+    from drkernel.service.app import MAX_BODY_BYTES, Guard
+
+    app = create_app(lambda: KernelEnvironment(tasks, evaluator, config), KernelAction, KernelObservation,
+                     env_name="drkernel", max_concurrent_envs=max_sessions)
+    app.add_middleware(Guard, token=token, max_body=MAX_BODY_BYTES)
+    return app
+
+
+class KernelEnvClient(EnvClient[KernelAction, KernelObservation, KernelState]):
+    """openenv-core's client for this environment (a WebSocket session per client: one episode at a time)."""
+
+    def _step_payload(self, action: KernelAction) -> dict[str, Any]:
+        return {"answer": action.answer}
+
+    def _parse_result(self, payload: dict[str, Any]) -> StepResult[KernelObservation]:
+        observation = KernelObservation(**{**payload.get("observation", {}), "reward": payload.get("reward"),
+                                           "done": payload.get("done", False)})
+        return StepResult(observation=observation, reward=payload.get("reward"), done=payload.get("done", False))
+
+    def _parse_state(self, payload: dict[str, Any]) -> KernelState:
+        return KernelState(**payload)
