@@ -316,7 +316,7 @@ class Judge:
         (inputs, the subject's copy, the hand-over copy and two outputs, from get_inputs on the meta device) is
         large: it checks beside ordinary evaluations but no other large one, and keeps the GPU while the subject
         compiles (its memory, held through a compilation, left no room for another's timing: out-of-memory failures
-        measured on an H100). Running large ones strictly alone cost a third of the throughput on the level-1 set."""
+        measured on an H100)."""
         if self.gate is None or self.device.type != "cuda":
             return
         inputs = input_bytes(reference.get_inputs)  # None, sizes unknown: do not risk another evaluation's memory

@@ -18,10 +18,10 @@ from typing import Any
 
 from drkernel.agent.context import ContextPolicy, ShownTurn, build_messages
 from drkernel.agent.evaluate import Evaluator
-from drkernel.agent.parsing import extract_code
-from drkernel.agent.prompts import PromptTemplates, feedback_prompt
-from drkernel.agent.records import FORMAT_ERROR, TurnRecord
-from drkernel.rl import RewardConfig, measured_coverage, reward
+from drkernel.agent.loop import JudgedAnswer, judge_answer
+from drkernel.agent.prompts import PromptTemplates
+from drkernel.agent.records import TurnRecord
+from drkernel.rl import RewardConfig, measured_coverage
 from drkernel.schema import EvalResult, Status
 from drkernel.tasks.task import Task
 
@@ -63,18 +63,28 @@ class RolloutStats:
     cached: int = 0  # evaluations answered by the result cache (an identical answer judged before)
 
 
-async def _evaluate_with_retry(evaluator: Evaluator, task: Task, code: str, retries: int, backoff_s: float) -> EvalResult:
-    last: BaseException | None = None
-    for attempt in range(retries + 1):
-        try:
-            return await evaluator.evaluate(task, code)
-        except Exception as exc:  # a refused connection, a dead Ray cluster, a service error
-            last = exc
-            if attempt < retries:
-                await asyncio.sleep(backoff_s * 2**attempt)
-    raise EvaluatorUnavailable(
-        f"the evaluator failed {retries + 1} times in a row for task {task.key}: {type(last).__name__}: {last}"
-    ) from last
+@dataclass
+class RetryingEvaluator:
+    """An evaluator tried again, with backoff, when its engine fails (a refused connection, a dead Ray cluster, a
+    service error); `EvaluatorUnavailable` once it has failed `retries + 1` times in a row."""
+
+    evaluator: Evaluator
+    retries: int
+    backoff_s: float
+
+    async def evaluate(self, task: Task, code: str) -> EvalResult:
+        last: BaseException | None = None
+        for attempt in range(self.retries + 1):
+            try:
+                return await self.evaluator.evaluate(task, code)
+            except Exception as exc:
+                last = exc
+                if attempt < self.retries:
+                    await asyncio.sleep(self.backoff_s * 2**attempt)
+        raise EvaluatorUnavailable(
+            f"the evaluator failed {self.retries + 1} times in a row for task {task.key}: {type(last).__name__}: "
+            f"{last}"
+        ) from last
 
 
 def turn_coverage(record: TurnRecord) -> float | None:
@@ -137,15 +147,14 @@ class MultiTurnRollout:
             generation_s = time.perf_counter() - started
             self.stats.generation_s += generation_s
             responses = [self._response(ids) for ids in answers]
-            codes = [extract_code(r) for r in responses]
             started = time.perf_counter()
-            results = self.loop.run_until_complete(self._judge([t.task for t in trajectories], codes))
+            judged = self.loop.run_until_complete(self._judge([t.task for t in trajectories], responses))
             evaluation_s = time.perf_counter() - started
             self.stats.evaluation_s += evaluation_s
             for n, (traj, sample, ids) in enumerate(zip(trajectories, samples, answers)):
                 if traj.logprobs is not None:
                     traj.logprobs = traj.logprobs + logprobs[n] if logprobs is not None else None
-                self._record(traj, sample, turn, ids, responses[n], codes[n], results[n], generation_s, evaluation_s)
+                self._record(traj, sample, turn, ids, responses[n], judged[n], generation_s, evaluation_s)
                 if turn < self.turns:
                     self._extend(traj)
 
@@ -170,13 +179,11 @@ class MultiTurnRollout:
     def _decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
 
-    async def _judge(self, tasks: list[Task], codes: list[str | None]) -> list[EvalResult | None]:
-        async def one(task: Task, code: str | None) -> EvalResult | None:
-            if code is None:
-                return None
-            return await _evaluate_with_retry(self.evaluator, task, code, self.evaluator_retries, self.evaluator_backoff_s)
-
-        return list(await asyncio.gather(*(one(t, c) for t, c in zip(tasks, codes))))
+    async def _judge(self, tasks: list[Task], responses: list[str]) -> list[JudgedAnswer]:
+        """Every answer judged as `drkernel bench` judges it, the evaluator retried when its engine fails."""
+        evaluator = RetryingEvaluator(self.evaluator, self.evaluator_retries, self.evaluator_backoff_s)
+        return list(await asyncio.gather(*(judge_answer(task, response, evaluator, self.reward_config, self.templates)
+                                           for task, response in zip(tasks, responses))))
 
     def _record(
         self,
@@ -185,17 +192,15 @@ class MultiTurnRollout:
         turn: int,
         ids: list[int],
         response: str,
-        code: str | None,
-        result: EvalResult | None,
+        judged: JudgedAnswer,
         generation_s: float,
         evaluation_s: float,
     ) -> None:
+        result, code, value, feedback = judged.result, judged.code, judged.reward, judged.feedback
         if result is not None:
             self.stats.evaluations += 1
             self.stats.crashed += result.status == Status.CRASHED.value
             self.stats.cached += result.cached
-        value = reward(result, self.reward_config) if result is not None else 0.0
-        feedback = feedback_prompt(result, code, self.templates)
         messages, context_turns = build_messages(traj.first_prompt, traj.shown, self.context)
         start = len(traj.completion_ids)
         traj.completion_ids += ids
@@ -218,7 +223,7 @@ class MultiTurnRollout:
                 context_turns=context_turns,
                 usage={"prompt_tokens": len(traj.prompt_ids) + start, "completion_tokens": len(ids)},
                 timings={"generation_s": generation_s, "evaluation_s": evaluation_s},
-                status=result.status if result is not None else FORMAT_ERROR,
+                status=judged.status,
             )
         )
 
