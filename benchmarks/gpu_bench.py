@@ -63,19 +63,24 @@ def fresh_triton_cache(tag: str) -> None:
 
 def summary(result: EvalResult) -> dict:
     p = result.profile
+    ref = result.timing.reference if result.timing else None
+    cand = result.timing.candidate if result.timing else None
     return {
         "status": result.status,
         "hack_reasons": result.hack_reasons,
+        "hack_details": result.hack_details,
         "speedup": result.speedup,
         "speedup_ci": result.speedup_ci,
-        "ref_ms": result.timing.reference.median_ms if result.timing and result.timing.reference else None,
-        "cand_ms": result.timing.candidate.median_ms if result.timing and result.timing.candidate else None,
-        "cand_wall_ms": result.timing.candidate.wall_median_ms if result.timing and result.timing.candidate else None,
+        "ref_ms": ref.median_ms if ref else None,
+        "cand_ms": cand.median_ms if cand else None,
+        "cand_wall_ms": cand.wall_median_ms if cand else None,
+        "spin_ms": [ref.spin_ms if ref else None, cand.spin_ms if cand else None],  # reference's, candidate's
         "coverage": p.coverage if p else None,
         "precision": dataclasses.asdict(result.correctness.precision)
         if result.correctness and result.correctness.precision else None,
         "duration_s": result.duration_s,
-        "error": result.error.message[:1200] if result.error else None,
+        "error": f"{result.error.kind}: {result.error.message}"[:1200] if result.error else None,
+        "traceback": result.error.traceback[-2000:] if result.error and result.error.traceback else None,
         "phases_s": result.phases_s,
         "cached": result.cached,
     }
@@ -539,6 +544,7 @@ def section_stability(args: argparse.Namespace) -> dict:
             do_ref, do_cand = do_bench_pair(request, name)
             out[name] = {
                 "statuses": [r.status for r in results], "speedups": speedups, "speedup_cv": cv(speedups),
+                "failures": [summary(r) for r in results if r.status != "correct"],
                 "candidate_ms": cand, "candidate_ms_cv": cv(cand), "reference_ms": ref, "reference_ms_cv": cv(ref),
                 "do_bench_ref_ms": do_ref, "do_bench_cand_ms": do_cand,
                 "ratio_ref": statistics.median(ref) / do_ref if ref else None,

@@ -66,6 +66,7 @@ class TimingStats:
     trials: int
     method: str  # "cuda_event" | "cpu_wall" | "interpreter_wall"
     wall_median_ms: float | None = None  # host-synchronized wall time per call (CUDA only)
+    spin_ms: float | None = None  # median device spin before a timed call, outlasting its enqueueing (CUDA only)
 
 
 @dataclass

@@ -134,6 +134,13 @@ def test_tolerance_overrides_apply() -> None:
     assert correctness.compare(ref, ref + 0.05, 0, atol=0.1, rtol=0.0, bound=0.1).ok
 
 
+def test_the_spin_follows_the_typical_enqueueing() -> None:
+    # One preempted call (7 ms) must not make every later call spin 21 ms; a host slow throughout lengthens it.
+    assert timing.cover_for([0.3, 7.0, 0.4]) == pytest.approx(timing.COVER_FACTOR * 0.4 + timing.COVER_MARGIN_MS)
+    assert timing.cover_for([0.05, 0.2, 0.2]) == pytest.approx(timing.COVER_FACTOR * 0.2 + timing.COVER_MARGIN_MS)
+    assert timing.cover_for([100.0]) == timing.COVER_MAX_MS and timing.cover_for([]) == 0.0
+
+
 def test_timing_summary_and_speedup_interval() -> None:
     samples = timing.Samples(event_ms=[1.0, 2.0, 3.0, 4.0, 100.0])
     stats = timing.summarize(samples, "cpu_wall")

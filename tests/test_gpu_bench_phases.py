@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from drkernel.sandbox.judge import TIMING_PARTS
 from drkernel.schema import EvalOptions, EvalRequest
 
 REPO = Path(__file__).resolve().parents[1]
@@ -29,5 +30,8 @@ def test_phases_section_breaks_an_evaluation_down_by_phase(monkeypatch):
                       "start_latency", "confine", "exit"):
             assert isinstance(phases[phase], float) and phases[phase] >= 0, (phase, phases)
         assert phases["correctness_first_trial"] <= phases["correctness"]
+        parts = [phases[f"timing_{part}"] for part in TIMING_PARTS]  # where the timing phase went
+        assert all(p >= 0 for p in parts) and 0 < sum(parts) <= phases["timing"] + 1e-3, phases
+        assert phases["timing_reference"] > 0 and phases["timing_candidate"] > 0 and phases["timing_null"] > 0
         assert row["precision"]["rule"] == "matched"
     assert data["median"]["correctness"] > 0 and data["median"]["timing"] > 0

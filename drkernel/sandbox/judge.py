@@ -51,6 +51,9 @@ STDERR_TAIL = 3000
 PROFILED_CALLS = 3  # profiled forwards, each on inputs of its own
 PROFILE_SHARE_OF_MEMORY = 0.5  # the profile holds the GPU alone, but other evaluations' processes keep their memory
 STOP_WAIT_S = 2.0  # how long the judge waits to learn how the subject ended
+# The timing phase's parts in `phases_s` (as timing_<part>): filling the inputs, the warm-up calls, the reference's
+# timed calls, the candidate's (requests included), the null calls, comparing outputs, the checks on the timing.
+TIMING_PARTS = ("refill", "warmup", "reference", "candidate", "null", "verify", "checks")
 
 
 class Failure(Exception):
@@ -271,6 +274,7 @@ class Measurement:
     timing: Timing
     speedup: float
     interval: list[float]
+    phases_s: dict[str, float]  # the timing phase's parts (TIMING_PARTS), seconds
 
 
 # -- the evaluation ----------------------------------------------------------------------------------------------
@@ -439,45 +443,69 @@ class Judge:
         reference.model.train(False)
         buffers = reference.inputs(self.secret_seed())  # the reference's, refilled before every call
         checked = set(self._rng.sample(range(opts.perf_trials), min(CHECKED_TIMING_TRIALS, opts.perf_trials)))
+        spent = dict.fromkeys(TIMING_PARTS, 0.0)  # where the phase's time goes, in seconds
+
+        @contextmanager
+        def part(name: str) -> Iterator[None]:
+            start = time.perf_counter()
+            yield
+            spent[name] += time.perf_counter() - start
 
         def refill() -> list[Any]:
             """New values into the reference's buffers; the new tensors themselves go to the subject, which copies
             them into its own buffers (the judge never reads them again: the subject can write what it maps)."""
-            fresh = reference.inputs(self.secret_seed())
-            for old, new in zip(buffers, fresh):
-                if isinstance(old, torch.Tensor):
-                    old.copy_(new)
-            _sync_for(self.device)()
+            with part("refill"):
+                fresh = reference.inputs(self.secret_seed())
+                for old, new in zip(buffers, fresh):
+                    if isinstance(old, torch.Tensor):
+                        old.copy_(new)
+                _sync_for(self.device)()
             return fresh
 
         timer = timing.CallTimer(self.device)
-        host_ms: list[float] = []
+        host_ms: dict[str, list[float]] = {"reference": [], "candidate": []}
         with torch.no_grad():
             outbox: list[Any] = []  # the values of the current call, handed to the subject
             for _ in range(max(1, opts.warmup_trials)):  # at least one: its host time sets the spin
                 outbox.clear()  # the last call's go before new ones are made: at most one set alive
                 outbox += refill()
-                host_ms.append(timer.untimed(reference.call, buffers)[1])
-                host_ms.append(float(self.link.ask("warm", {"inputs": outbox})[0].get("host_ms", 0.0)))
-            timer.cover_ms = timing.cover_for(host_ms[2:] or host_ms)  # the first pair may still compile
+                with part("warmup"):
+                    host_ms["reference"].append(timer.untimed(reference.call, buffers)[1])
+                    reply = self.link.ask("warm", {"inputs": outbox})[0]
+                    host_ms["candidate"].append(_positive(reply.get("host_ms", 0.0)))
+            # Each side's spin outlasts its own enqueueing, as seen so far (not the first warm-up: it may compile);
+            # the null calls spin as the candidate's calls do.
+            spins: dict[str, list[float]] = {"reference": [], "candidate": []}
             ref, cand = timing.Samples(), timing.Samples()
             own_per_call: list[int] = []
             for trial in range(opts.perf_trials):
+                for side, seen in host_ms.items():
+                    spins[side].append(timing.cover_for(seen[1:] or seen))
+                timer.cover_ms, cand_spin_ms = spins["reference"][-1], spins["candidate"][-1]
                 outbox.clear()
                 outbox += refill()
                 if trial % 2:  # the order alternates, so that drift hits both sides alike
-                    reply, wall, cand_out = self._candidate_timed(outbox, timer.cover_ms)
-                    ref_out, ref_ms, _ = timer.timed(reference.call, buffers)
+                    with part("candidate"):
+                        reply, wall, cand_out = self._candidate_timed(outbox, cand_spin_ms)
+                    with part("reference"):
+                        ref_out, ref_ms, ref_host_ms = timer.timed(reference.call, buffers)
                 else:
-                    ref_out, ref_ms, _ = timer.timed(reference.call, buffers)
-                    reply, wall, cand_out = self._candidate_timed(outbox, timer.cover_ms)
+                    with part("reference"):
+                        ref_out, ref_ms, ref_host_ms = timer.timed(reference.call, buffers)
+                    with part("candidate"):
+                        reply, wall, cand_out = self._candidate_timed(outbox, cand_spin_ms)
+                host_ms["reference"].append(ref_host_ms)
+                host_ms["candidate"].append(_positive(reply.get("host_ms")))
                 ref.event_ms.append(ref_ms)
                 cand.event_ms.append(_positive(reply.get("event_ms")))
                 # A null call right after (the same steps and hand-over around no call): what the wall clock sees
                 # beyond the call itself, under the host's load of the moment.
-                cand.wall_ms.append(max(0.0, wall - self._candidate_timed(outbox, timer.cover_ms, null=True)[1]))
+                with part("null"):
+                    null_wall = self._candidate_timed(outbox, cand_spin_ms, null=True)[1]
+                cand.wall_ms.append(max(0.0, wall - null_wall))
                 own_per_call.append(int(reply.get("own", 0)))
-                self._verify_timed(trial, trial in checked, ref_out, cand_out)
+                with part("verify"):
+                    self._verify_timed(trial, trial in checked, ref_out, cand_out)
                 del ref_out, cand_out
         if timer.l2_tampered:
             self.findings.add(guards.L2_PERSISTENCE, "persisting-L2 settings changed while the reference was timed: "
@@ -486,14 +514,17 @@ class Judge:
             self.findings.add(guards.MODE_DEPENDENT,
                               "some timed calls ran no Triton kernel: the candidate changes behaviour between calls.")
         method = "cuda_event" if self.device.type == "cuda" else ("interpreter_wall" if interpreting() else "cpu_wall")
-        result = Timing(reference=timing.summarize(ref, method), candidate=timing.summarize(cand, method),
+        result = Timing(reference=timing.summarize(ref, method, statistics.median(spins["reference"])),
+                        candidate=timing.summarize(cand, method, statistics.median(spins["candidate"])),
                         reference_mode=opts.reference_mode)
         if method == "interpreter_wall":
             result.note = "Triton interpreter on the CPU: these timings say nothing of GPU speed"
         if self.device.type == "cuda":
-            self._check_timing(result, cand, buffers, reference)
+            with part("checks"):
+                self._check_timing(result, cand, buffers, reference)
         speedup = result.reference.median_ms / max(result.candidate.median_ms, 1e-9)  # type: ignore[union-attr]
-        return Measurement(result, speedup, timing.speedup_interval(ref.primary, cand.primary, opts.seed))
+        return Measurement(result, speedup, timing.speedup_interval(ref.primary, cand.primary, opts.seed),
+                           {f"timing_{name}": seconds for name, seconds in spent.items()})
 
     def _candidate_timed(self, outbox: list[Any], spin_ms: float, null: bool = False) -> tuple[dict, float, Any]:
         """(the subject's reply, the judge's wall-clock milliseconds for the call, its outputs) for one timed call."""
@@ -501,20 +532,21 @@ class Judge:
         outputs = self.link.values(reply, payloads, "outputs")  # mapped even for a null call: the subject's shared
         return reply, wall, None if null else outputs             # memory is freed only once the judge lets it go
 
-    def _verify_timed(self, trial: int, full: bool, ref_out: Any, cand_out: Any) -> None:
-        """A timed call's outputs: a remembered answer differs almost everywhere from the one for new values."""
+    def _verify_timed(self, trial: int, full: bool, ref_out: Any, cand_out: Any, call: str = "a timed call") -> None:
+        """A timed (or profiled) call's outputs: a remembered answer differs almost everywhere from the one for new
+        values."""
         opts = self.options
         if full:
-            ok = correctness.compare(ref_out, cand_out, trial, opts.atol, opts.rtol, opts.rel_error_bound).ok
+            compared = correctness.compare(ref_out, cand_out, trial, opts.atol, opts.rtol, opts.rel_error_bound)
         else:
             generator = torch.Generator(device=self.device).manual_seed(self._rng.randrange(1 << 62))
-            ok = correctness.compare_sample(ref_out, cand_out, trial, opts.atol, opts.rtol, opts.rel_error_bound,
-                                            TIMED_SAMPLE_ELEMENTS, generator).ok
-        if not ok:
+            compared = correctness.compare_sample(ref_out, cand_out, trial, opts.atol, opts.rtol,
+                                                  opts.rel_error_bound, TIMED_SAMPLE_ELEMENTS, generator)
+        if not compared.ok:
             self.findings.add(
                 guards.OUTPUT_CACHING,
-                "a timed call returned a wrong answer for new input values: outputs must be computed on "
-                "every call, never cached or remembered.",
+                f"{call} returned a wrong answer for new input values ({compared.message}): outputs must be "
+                "computed on every call, never cached or remembered.",
             )
 
     def _check_timing(self, result: Timing, cand: timing.Samples, args: list[Any], reference: Reference) -> None:
@@ -559,7 +591,7 @@ class Judge:
         if not isinstance(cand_outs, list) or len(cand_outs) != len(ref_outs):
             raise Failure(Status.CRASHED, "BadReply", "the candidate's process sent the wrong number of outputs")
         for ref_out, cand_out in zip(ref_outs, cand_outs):
-            self._verify_timed(-1, True, ref_out, cand_out)
+            self._verify_timed(-1, True, ref_out, cand_out, call="a profiled call")
         result = _profile_from(reply.get("profile"))
         result.launches = dict(report.own_counts)
         lazy = result.coverage is not None and result.coverage < self.options.min_coverage
@@ -655,6 +687,7 @@ def evaluate(request: EvalRequest, workdir: Path, device: torch.device, gate: De
                     measured = _timed(result, "timing", lambda: judge.measure(reference, report))
                     result.timing, result.speedup, result.speedup_ci = (
                         measured.timing, measured.speedup, measured.interval)
+                    result.phases_s.update({k: round(v, 4) for k, v in measured.phases_s.items()})
                 if opts.profile:
                     result.profile = _timed(result, "profile", lambda: judge.profile(reference, report))
         if opts.check_hacks:
