@@ -301,3 +301,21 @@ def test_persisting_l2_is_reset_only_when_a_setting_changed(monkeypatch) -> None
     fake.window = True  # an access-policy window on the timed stream
     l2.clear()
     assert fake.changes[6:] == ["limit", "reset", "window"] and not l2.tampered()
+
+
+def test_timed_outputs_are_copied_into_staging_only_when_the_structure_matches() -> None:
+    from drkernel.sandbox.subject import _cloned, _copy_into
+
+    first = (torch.zeros(2, 3), [torch.ones(4, dtype=torch.int64), 7])
+    staging = _cloned(first)
+    fresh = (torch.full((2, 3), 5.0), [torch.arange(4), 7])
+    assert _copy_into(staging, fresh) and torch.equal(staging[0], fresh[0]) and torch.equal(staging[1][0], fresh[1][0])
+    before = [t.clone() for t in (staging[0], staging[1][0])]
+    for other in [(torch.zeros(3, 2), [torch.arange(4), 7]),              # another shape
+                  (torch.zeros(2, 3, dtype=torch.float64), [torch.arange(4), 7]),  # another dtype
+                  (torch.zeros(2, 3), [torch.arange(4), 8]),                # another plain value
+                  (torch.zeros(2, 3), (torch.arange(4), 7)),                # a tuple for a list
+                  (torch.zeros(2, 3),)]:                                    # fewer outputs
+        assert not _copy_into(staging, other)
+    # nothing was copied by a failed match, even where its first tensor fitted
+    assert torch.equal(staging[0], before[0]) and torch.equal(staging[1][0], before[1])

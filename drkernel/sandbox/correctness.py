@@ -66,6 +66,11 @@ def flatten_outputs(out: Any) -> list[Any]:
     return [out]
 
 
+def tensor_bytes(values: Any) -> int:
+    """The bytes of the tensors among `values` (as `flatten_outputs` gives them)."""
+    return sum(t.numel() * t.element_size() for t in flatten_outputs(values) if isinstance(t, torch.Tensor))
+
+
 def compare(
     ref_out: Any,
     cand_out: Any,

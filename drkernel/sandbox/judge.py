@@ -81,6 +81,8 @@ class SubjectLink:
 
     def ask(self, op: str, values: dict[str, Any] | None = None, **fields: Any) -> tuple[dict[str, Any], list]:
         self._collect()
+        if values:
+            _sync_for(self.device)()  # the values are written before the subject reads them
         start = time.perf_counter()
         encoder = Encoder()
         header = {"op": op, **fields, **{k: encoder.encode(v) for k, v in (values or {}).items()}}
@@ -203,6 +205,69 @@ class SubjectLink:
             if pid or time.monotonic() > deadline:
                 return status if pid else None
             time.sleep(0.005)
+
+
+class TimedCalls:
+    """The timed calls' hand-over to the subject, for one timing phase (a context manager).
+
+    On a GPU the inputs and outputs cross through buffers shared once for the phase (mapping another process's CUDA
+    memory costs about a millisecond per tensor and direction, twice a timed call and its null call, more beside other
+    evaluations' mappings). The judge writes every call's fresh values into its staging buffers, which the subject
+    copies into its own before the call, and never reads them back: the subject can write what it maps. The subject
+    copies the outputs into buffers of its own that the judge mapped once (outputs over `STAGED_BYTES` are shared call
+    by call). Both sides synchronise their device before the other reads: nothing rests on CUDA's inter-process
+    events. On the CPU every call's tensors travel as bytes."""
+
+    def __init__(self, link: SubjectLink, template: list[Any]) -> None:
+        self.link = link
+        self.staged = link.device.type == "cuda"
+        self.inputs: list[Any] = []  # staged: the judge's staging buffers; else the next call's values
+        self.outputs: Any = None  # staged: the subject's output buffers, as mapped here
+        if self.staged:
+            self.inputs = [v.clone() if isinstance(v, torch.Tensor) else v for v in template]
+
+    def __enter__(self) -> TimedCalls:
+        if self.staged:
+            _sync_for(self.link.device)()
+            self.link.ask("stage", {"inputs": self.inputs})
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        """Both sides let the phase's buffers go before the next phase (a profile of a large problem needs the
+        memory); a subject already gone holds nothing."""
+        staged, self.inputs, self.outputs = self.staged, [], None
+        if staged and exc[0] is None:
+            self.link.ask("release")
+
+    def load(self, fresh: list[Any]) -> None:
+        """The next call's input values (the caller synchronises the device before the call)."""
+        if not self.staged:
+            self.inputs = list(fresh)
+            return
+        for staging, value in zip(self.inputs, fresh):
+            if isinstance(staging, torch.Tensor):
+                staging.copy_(value)
+
+    def warm(self) -> dict[str, Any]:
+        values, fields = self._request()
+        return self.link.ask("warm", values, **fields)[0]
+
+    def timed(self, spin_ms: float, null: bool = False) -> tuple[dict[str, Any], float, Any]:
+        """(the subject's reply, the judge's wall-clock milliseconds for the call, its outputs: None for a null call)
+        for one timed call, or the null call that calibrates the judge's wall clock (the same steps and hand-over,
+        around no call)."""
+        values, fields = self._request()
+        reply, payloads, wall = self.link.ask_timed(values, spin_ms=spin_ms, null=null, **fields)
+        if self.staged and reply.get("outputs_staged") is True and self.outputs is not None:
+            outputs = self.outputs  # the subject wrote this call's outputs into them
+        else:
+            outputs = self.link.values(reply, payloads, "outputs")  # mapped even for a null call: the same cost
+            if reply.get("staging") is True:  # the subject's output buffers, shared anew
+                self.outputs = outputs
+        return reply, wall, None if null else outputs
+
+    def _request(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        return ({}, {"staged": True}) if self.staged else ({"inputs": self.inputs}, {})
 
 
 # -- phase data --------------------------------------------------------------------------------------------------
@@ -441,7 +506,7 @@ class Judge:
         compared on a sample, a few chosen calls in full."""
         opts = self.options
         reference.model.train(False)
-        buffers = reference.inputs(self.secret_seed())  # the reference's, refilled before every call
+        args = reference.inputs(self.secret_seed())  # the reference's inputs, new before every call
         checked = set(self._rng.sample(range(opts.perf_trials), min(CHECKED_TIMING_TRIALS, opts.perf_trials)))
         spent = dict.fromkeys(TIMING_PARTS, 0.0)  # where the phase's time goes, in seconds
 
@@ -451,27 +516,24 @@ class Judge:
             yield
             spent[name] += time.perf_counter() - start
 
-        def refill() -> list[Any]:
-            """New values into the reference's buffers; the new tensors themselves go to the subject, which copies
-            them into its own buffers (the judge never reads them again: the subject can write what it maps)."""
+        def refill() -> None:
+            """New values for both sides: the reference calls on them here, the subject gets a copy (it can write
+            what it maps, and the reference must not see its writes)."""
             with part("refill"):
-                fresh = reference.inputs(self.secret_seed())
-                for old, new in zip(buffers, fresh):
-                    if isinstance(old, torch.Tensor):
-                        old.copy_(new)
+                args.clear()  # the last values go before the new ones are made: at most one set alive
+                args.extend(reference.inputs(self.secret_seed()))
+                calls.load(args)
                 _sync_for(self.device)()
-            return fresh
 
         timer = timing.CallTimer(self.device)
         host_ms: dict[str, list[float]] = {"reference": [], "candidate": []}
-        with torch.no_grad():
-            outbox: list[Any] = []  # the values of the current call, handed to the subject
+        calls = TimedCalls(self.link, args)
+        with torch.no_grad(), calls:
             for _ in range(max(1, opts.warmup_trials)):  # at least one: its host time sets the spin
-                outbox.clear()  # the last call's go before new ones are made: at most one set alive
-                outbox += refill()
+                refill()
                 with part("warmup"):
-                    host_ms["reference"].append(timer.untimed(reference.call, buffers)[1])
-                    reply = self.link.ask("warm", {"inputs": outbox})[0]
+                    host_ms["reference"].append(timer.untimed(reference.call, args)[1])
+                    reply = calls.warm()
                     host_ms["candidate"].append(_positive(reply.get("host_ms", 0.0)))
             # Each side's spin outlasts its own enqueueing, as seen so far (not the first warm-up: it may compile);
             # the null calls spin as the candidate's calls do.
@@ -482,18 +544,17 @@ class Judge:
                 for side, seen in host_ms.items():
                     spins[side].append(timing.cover_for(seen[1:] or seen))
                 timer.cover_ms, cand_spin_ms = spins["reference"][-1], spins["candidate"][-1]
-                outbox.clear()
-                outbox += refill()
+                refill()
                 if trial % 2:  # the order alternates, so that drift hits both sides alike
                     with part("candidate"):
-                        reply, wall, cand_out = self._candidate_timed(outbox, cand_spin_ms)
+                        reply, wall, cand_out = calls.timed(cand_spin_ms)
                     with part("reference"):
-                        ref_out, ref_ms, ref_host_ms = timer.timed(reference.call, buffers)
+                        ref_out, ref_ms, ref_host_ms = timer.timed(reference.call, args)
                 else:
                     with part("reference"):
-                        ref_out, ref_ms, ref_host_ms = timer.timed(reference.call, buffers)
+                        ref_out, ref_ms, ref_host_ms = timer.timed(reference.call, args)
                     with part("candidate"):
-                        reply, wall, cand_out = self._candidate_timed(outbox, cand_spin_ms)
+                        reply, wall, cand_out = calls.timed(cand_spin_ms)
                 host_ms["reference"].append(ref_host_ms)
                 host_ms["candidate"].append(_positive(reply.get("host_ms")))
                 ref.event_ms.append(ref_ms)
@@ -501,7 +562,7 @@ class Judge:
                 # A null call right after (the same steps and hand-over around no call): what the wall clock sees
                 # beyond the call itself, under the host's load of the moment.
                 with part("null"):
-                    null_wall = self._candidate_timed(outbox, cand_spin_ms, null=True)[1]
+                    null_wall = calls.timed(cand_spin_ms, null=True)[1]
                 cand.wall_ms.append(max(0.0, wall - null_wall))
                 own_per_call.append(int(reply.get("own", 0)))
                 with part("verify"):
@@ -521,16 +582,10 @@ class Judge:
             result.note = "Triton interpreter on the CPU: these timings say nothing of GPU speed"
         if self.device.type == "cuda":
             with part("checks"):
-                self._check_timing(result, cand, buffers, reference)
+                self._check_timing(result, cand, args, reference)
         speedup = result.reference.median_ms / max(result.candidate.median_ms, 1e-9)  # type: ignore[union-attr]
         return Measurement(result, speedup, timing.speedup_interval(ref.primary, cand.primary, opts.seed),
                            {f"timing_{name}": seconds for name, seconds in spent.items()})
-
-    def _candidate_timed(self, outbox: list[Any], spin_ms: float, null: bool = False) -> tuple[dict, float, Any]:
-        """(the subject's reply, the judge's wall-clock milliseconds for the call, its outputs) for one timed call."""
-        reply, payloads, wall = self.link.ask_timed({"inputs": outbox}, spin_ms=spin_ms, null=null)
-        outputs = self.link.values(reply, payloads, "outputs")  # mapped even for a null call: the subject's shared
-        return reply, wall, None if null else outputs             # memory is freed only once the judge lets it go
 
     def _verify_timed(self, trial: int, full: bool, ref_out: Any, cand_out: Any, call: str = "a timed call") -> None:
         """A timed (or profiled) call's outputs: a remembered answer differs almost everywhere from the one for new
@@ -564,7 +619,7 @@ class Judge:
             )
         with torch.no_grad():
             out = reference.call(*args)
-        out_bytes = _nbytes(out)
+        out_bytes = correctness.tensor_bytes(out)
         floor_ms = out_bytes / timing.measure_bandwidth(self.device) * 1e3
         if stats.median_ms < 0.5 * floor_ms:
             self.findings.add(
@@ -610,7 +665,7 @@ class Judge:
         the warm-up two input sets. Problems with 6.4 GB inputs ran out of memory with three calls on an H100."""
         if not outputs:  # the first profiled call is made in any case; its output's size is known after it
             return 1
-        size_in, size_out = _nbytes(inputs), _nbytes(outputs[0])
+        size_in, size_out = correctness.tensor_bytes(inputs), correctness.tensor_bytes(outputs[0])
         budget = torch.cuda.get_device_properties(self.device).total_memory * PROFILE_SHARE_OF_MEMORY
         fits = int((budget - 2 * size_in) // max(1, 2 * size_in + 3 * size_out))
         return max(1, min(PROFILED_CALLS, fits))
@@ -774,10 +829,6 @@ def _profile_from(data: Any) -> Profile:
         return Profile(**{**data, "kernels": kernels})
     except TypeError:
         return Profile(note="the candidate's process sent a malformed profile")
-
-
-def _nbytes(values: Any) -> int:
-    return sum(t.numel() * t.element_size() for t in correctness.flatten_outputs(values) if isinstance(t, torch.Tensor))
 
 
 def _identical(a: Any, b: Any) -> bool:
