@@ -110,7 +110,7 @@ def section_hacks(args: argparse.Namespace) -> dict:
 
 
 def section_kernelbench(args: argparse.Namespace) -> dict:
-    return run_batch(kernelbench_pairs(args.kernelbench), "kernelbench", overlap=None)
+    return run_batch(kernelbench_pairs(args.kernelbench), "kernelbench", overlap=args.overlap)
 
 
 def run_batch(pairs: list[tuple[str, EvalRequest]], tag: str, overlap: int | None, device: str = "cuda",
@@ -164,7 +164,7 @@ def section_rl_batch(args: argparse.Namespace) -> dict:
     options = dataclasses.replace(OPTIONS, device=args.rl_device)
     level1 = [(name, dataclasses.replace(request, options=options))
               for name, request in kernelbench_pairs(args.kernelbench)[: args.rl_level1]] if args.rl_level1 else []
-    data = rl_batch(tasks, level1, options, args.rl_samples, args.rl_identical)
+    data = rl_batch(tasks, level1, options, args.rl_samples, args.rl_identical, overlap=args.overlap)
     for key in ("distinct", "duplicates", "distinct_per_minute_running", "distinct_per_minute_cold", "start_up_s",
                 "duplicates_cost_s", "level1_per_minute_running", "level1_per_minute_cold"):
         print(f"  {key:<32} {data[key]}", flush=True)
@@ -196,7 +196,7 @@ def rl_shaped(tasks: list, options: EvalOptions, samples: int, identical: int) -
 
 
 def rl_batch(tasks: list, level1: list[tuple[str, EvalRequest]], options: EvalOptions, samples: int, identical: int,
-             workers: int | None = None) -> dict:
+             workers: int | None = None, overlap: int | None = None) -> dict:
     """The RL-shaped batch through a fresh scheduler (rates of distinct candidates, running and cold), its distinct
     candidates alone through another (what the duplicates cost: the difference of the running times), and the
     level-1 set through a third; phase medians over the evaluations that ran."""
@@ -205,9 +205,9 @@ def rl_batch(tasks: list, level1: list[tuple[str, EvalRequest]], options: EvalOp
     for name, request in batch:
         firsts.setdefault((request.task_name, request.candidate), (name, request))
     distinct = list(firsts.values())
-    full = run_batch(batch, "rl-batch", overlap=None, device=options.device, workers=workers)
-    alone = run_batch(distinct, "rl-distinct", overlap=None, device=options.device, workers=workers)
-    l1 = run_batch(level1, "rl-level1", overlap=None, device=options.device, workers=workers) if level1 else None
+    full = run_batch(batch, "rl-batch", overlap=overlap, device=options.device, workers=workers)
+    alone = run_batch(distinct, "rl-distinct", overlap=overlap, device=options.device, workers=workers)
+    l1 = run_batch(level1, "rl-level1", overlap=overlap, device=options.device, workers=workers) if level1 else None
     n = len(distinct)
     return {
         "tasks": len(tasks), "samples": len(batch), "distinct": n, "duplicates": len(batch) - n,
@@ -674,6 +674,11 @@ DOWNCASTS = [
      "acc = tl.dot(a, b, acc, input_precision=INPUT_PRECISION)", "acc = tl.dot(a.to(tl.bfloat16), b.to(tl.bfloat16), acc)"),
     ("bf16_softmax", "23_Softmax", "y = tl.exp(x - row_max) * inv_sum",
      "y = (tl.exp(x - row_max).to(tl.bfloat16) * inv_sum.to(tl.bfloat16)).to(tl.float32)"),
+    ("bf16_accumulation_sum", "47_Sum_reduction_over_a_dimension",
+     "acc += tl.load(x_ptr + ptrs, mask=mask, other=0.0).to(tl.float32)",
+     "acc = (acc + tl.load(x_ptr + ptrs, mask=mask, other=0.0).to(tl.float32)).to(tl.bfloat16).to(tl.float32)"),
+    ("fp16_inputs_gelu", "26_GELU_", "x = tl.load(x_ptr + offsets, mask=mask).to(tl.float32)",
+     "x = tl.load(x_ptr + offsets, mask=mask).to(tl.float16).to(tl.float32)"),
 ]
 
 
@@ -735,6 +740,8 @@ def main() -> None:
     parser.add_argument("--rl-identical", type=int, default=4, help="of them, copies of one answer (>= 1)")
     parser.add_argument("--rl-level1", type=int, default=20, help="level-1 problems in `rl_batch` (0: none)")
     parser.add_argument("--rl-device", default="cuda", help="`rl_batch`'s device (cpu: a small run on the CPU)")
+    parser.add_argument("--overlap", type=int, default=None,
+                        help="evaluations at once per GPU in `kernelbench` and `rl_batch` (default: the scheduler's)")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     for name in args.sections:

@@ -92,3 +92,30 @@ def test_a_half_precision_reference_is_judged_against_its_own_error() -> None:
     q = result.correctness.precision
     assert result.status == Status.CORRECT.value, render(result)
     assert q.reference_error > 1e-4 and q.ratio <= 2.0  # measured against float16's own error, not float32's
+
+
+def test_a_batch_slice_stands_for_the_whole_only_where_rows_are_separate() -> None:
+    # Where a float64 evaluation of everything does not fit, the judge measures precision on a slice of the batch
+    # (the 6.4 GB level-1 problems); the slice must give those rows of the whole, and both outputs are cut alike.
+    x, w = torch.randn(64, 32, dtype=torch.float64).float(), torch.randn(32, 8)
+    rows = correctness.batch_rows([x, w], x @ w, 0.25, lambda n: n - 1)
+    assert rows == slice(48, 64)
+    assert correctness.batch_rows([x, w], (x @ w).sum(0), 0.25, lambda n: 0) is None  # the output has no batch
+    assert correctness.batch_rows([torch.tensor(3.0)], torch.ones(4), 0.5, lambda n: 0) is None
+    cut = correctness.rows_of([x, w], rows, 64)
+    assert cut[0].shape == (16, 32) and cut[1] is w  # the weight is not batched
+    assert correctness.same_rows(torch.softmax(cut[0], -1), torch.softmax(x, -1), rows, 64)
+    assert not correctness.same_rows(cut[0] - cut[0].mean(0), x - x.mean(0), rows, 64)  # a norm over the batch
+    assert not correctness.same_rows(cut[0][:, :4], x, rows, 64)  # another shape
+
+    from drkernel.sandbox.guards import Findings
+    from drkernel.sandbox.judge import Exact
+
+    ref_out = torch.relu(x)
+    half = ref_out.clone()
+    half[rows] = half[rows].half().float()  # a downcast in the sliced rows
+    exact = Exact(torch.relu(cut[0].double()), rows)
+    for cand, downcast in ((ref_out.clone(), False), (half, True)):
+        findings = Findings()
+        precision = exact.judge(ref_out, cand, EvalOptions(), findings)
+        assert precision is not None and ("precision_downcast" in findings.details) is downcast, precision

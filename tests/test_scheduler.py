@@ -151,3 +151,20 @@ def test_candidate_failures_are_results_not_retries() -> None:
     assert all(r.error is not None and r.error.kind != "WorkerLost" for r in results)
     assert worker["restarts"] == 0
     assert worker["completed"] == len(requests)
+
+
+def test_a_failure_of_the_judge_s_own_gpu_work_runs_again_and_is_never_the_candidate_s() -> None:
+    # cudaErrorMapBufferObjectFailed reached a legitimate candidate as runtime_error on an H100 (and its twin got it
+    # from the cache). The judge's own CUDA error is the harness's: SandboxError, run again, never cached. Here the
+    # reference (run by the judge alone) raises one.
+    task = (REPO / "examples/tasks/2_relu.py").read_text().replace(
+        "return torch.relu(x)", 'raise torch.AcceleratorError("CUDA error: mapping of buffer object failed")')
+    assert "AcceleratorError" in task
+    request = EvalRequest(task, (REPO / "examples/candidates/2_relu__triton.py").read_text(),
+                          EvalOptions.from_dict(CHEAP), task_name="2_relu")
+    with Scheduler("cpu", workers=1, max_attempts=2) as scheduler:
+        first, twin = scheduler.evaluate_many([request, request])
+        (worker,) = scheduler.workers()
+    assert first.status == "crashed" and first.error.kind == "SandboxError", first.error
+    assert "mapping of buffer object failed" in first.error.message and not twin.cached
+    assert worker["completed"] == 4  # each ran twice (max_attempts), the twin too: a harness failure is not cached

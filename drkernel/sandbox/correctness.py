@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -23,6 +23,10 @@ TOLERANCES: dict[torch.dtype, tuple[float, float, float]] = {
 }
 EXACT = (0.0, 0.0, 0.0)  # integer and boolean outputs must match exactly
 COMPARE_CHUNK = 1 << 26  # elements compared at once (256 MB of float32 per operand)
+# A reference computed on a slice of its batch stands for the whole when it gives those rows of the whole's outputs
+# to within this much of their largest magnitude (other kernels for another batch size round differently; a reference
+# that mixes rows, a norm over the batch, differs by far more).
+SLICE_TOLERANCE = 1e-4
 # Norms computed in float32 are kept between these: below, squares of tiny elements may have underflowed (zeros
 # must not pass for a reference of 1e-23s); above, they overflow. Outside, both norms are computed again in float64.
 PLAIN_NORMS = (1e-10, 1e18)
@@ -292,6 +296,48 @@ def errors_against(exact: Any, ref_out: Any, cand_out: Any) -> tuple[float, floa
         if worst is None or cand_err > worst[0]:
             worst = (cand_err, ref_err, r.dtype)
     return worst
+
+
+def batch_rows(inputs: list[Any], outputs: Any, fraction: float, start_at: Callable[[int], int]) -> slice | None:
+    """The rows (of dimension 0) a float64 evaluation can afford when all of it cannot (`fraction` < 1 of the bytes
+    it needs): a slice of the batch, where the first input, every other input that is batched like it, and every
+    output have the batch as their dimension 0. None where the tensors have no such batch. `start_at(n)` draws the
+    slice's first row in [0, n). Whether the reference treats rows separately is checked by the caller."""
+    tensors = [t for t in inputs if isinstance(t, torch.Tensor)]
+    outs = flatten_outputs(outputs)
+    if not tensors or tensors[0].dim() == 0 or not all(isinstance(o, torch.Tensor) for o in outs):
+        return None
+    batch = tensors[0].shape[0]
+    if batch < 2 or not all(o.dim() > 0 and o.shape[0] == batch for o in outs):
+        return None
+    rows = max(1, min(batch - 1, int(batch * fraction)))
+    start = start_at(batch - rows + 1)
+    return slice(start, start + rows)
+
+
+def rows_of(values: Any, rows: slice, batch: int) -> Any:
+    """`values` (a list of inputs, or outputs) with every tensor batched on dimension 0 cut to `rows`."""
+    def cut(v: Any) -> Any:
+        return v[rows] if isinstance(v, torch.Tensor) and v.dim() > 0 and v.shape[0] == batch else v
+
+    if isinstance(values, (list, tuple)):
+        return type(values)(cut(v) for v in values)
+    return cut(values)
+
+
+def same_rows(part: Any, whole: Any, rows: slice, batch: int) -> bool:
+    """Whether outputs computed on a slice of the batch equal those rows of the outputs of the whole (to float
+    rounding): the reference treats its rows separately, and a slice stands for the whole."""
+    for p, w in zip(flatten_outputs(part), flatten_outputs(rows_of(whole, rows, batch))):
+        if not (isinstance(p, torch.Tensor) and isinstance(w, torch.Tensor)) or p.shape != w.shape:
+            return False
+        if p.dtype.is_floating_point and p.numel():
+            scale = float(w.detach().abs().max())
+            if not float((p.detach().double() - w.detach().double()).abs().max()) <= SLICE_TOLERANCE * scale:
+                return False
+        elif not torch.equal(p, w):
+            return False
+    return len(flatten_outputs(part)) == len(flatten_outputs(whole))
 
 
 def relative_error(value: torch.Tensor, exact: torch.Tensor) -> float:

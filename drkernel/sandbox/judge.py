@@ -305,8 +305,12 @@ class Exact:
     """A trial's float64 reference outputs, and the precision rule applied to the candidate's."""
 
     outputs: Any
+    rows: slice | None = None  # the rows of the batch they stand for (None: all)
 
     def judge(self, ref_out: Any, cand_out: Any, opts: EvalOptions, findings: guards.Findings) -> Precision | None:
+        if self.rows is not None:
+            batch = correctness.flatten_outputs(ref_out)[0].shape[0]
+            ref_out, cand_out = (correctness.rows_of(v, self.rows, batch) for v in (ref_out, cand_out))
         errors = correctness.errors_against(self.outputs, ref_out, cand_out)
         if errors is None:
             return None
@@ -455,17 +459,33 @@ class Judge:
 
     def _precision(self, reference: Reference, inputs: list[Any], ref_out: Any, training: bool,
                    grad_mode: Callable[[], Any]) -> Exact | None:
-        """The reference's outputs in float64 on a trial's inputs, when the judge can afford them."""
+        """The reference's outputs in float64 on a trial's inputs, or on a slice of their batch where all of them
+        would need more than this evaluation's share of the GPU and the reference treats rows separately."""
         needed = 2 * sum(t.numel() * 8 for t in [*inputs, *correctness.flatten_outputs(ref_out)]
                          if isinstance(t, torch.Tensor) and t.is_floating_point())  # float64 copies, and headroom
-        if self.device.type == "cuda" and needed > SHARE_OF_MEMORY * torch.cuda.get_device_properties(
-                self.device).total_memory:
-            self.notes.append(f"precision: not measured, a float64 evaluation of the reference needs about "
-                              f"{needed / 2**30:.0f} GiB, more than this evaluation's share of the GPU")
-            return None
+        budget = SHARE_OF_MEMORY * torch.cuda.get_device_properties(self.device).total_memory \
+            if self.device.type == "cuda" else math.inf
+        rows = None
+        if needed > budget:
+            rows = correctness.batch_rows(inputs, ref_out, budget / needed, self._rng.randrange)
+            batch = next((t.shape[0] for t in inputs if isinstance(t, torch.Tensor)), 0)
+            why = "its tensors have no batch dimension to take a slice of"
+            if rows is not None:
+                inputs = correctness.rows_of(inputs, rows, batch)
+                checker = copy.deepcopy(reference.model).train(training)  # the reference's own state stays as it is
+                with grad_mode():
+                    separate = correctness.same_rows(checker(*inputs), ref_out, rows, batch)
+                del checker
+                why = "" if separate else "the reference does not treat the rows of its batch separately"
+            if why:
+                self.notes.append(f"precision: not measured, a float64 evaluation of the reference needs about "
+                                  f"{needed / 2**30:.0f} GiB, more than this evaluation's share of the GPU, and {why}")
+                return None
+            self.notes.append(f"precision: measured on rows {rows.start}-{rows.stop - 1} of {batch} (a float64 "
+                              f"evaluation of all of them needs about {needed / 2**30:.0f} GiB)")
         try:
             with grad_mode():
-                return Exact(reference.exact(inputs, training))
+                return Exact(reference.exact(inputs, training), rows)
         except Exception as exc:  # a reference that cannot run in float64: the rule cannot be applied
             self.notes.append(f"precision: not measured, the reference does not run in float64 ({exc})"[:300])
             return None
@@ -752,8 +772,7 @@ def evaluate(request: EvalRequest, workdir: Path, device: torch.device, gate: De
     except Failure as caught:
         failure = caught
     except BaseException as exc:  # the harness itself failed on this input: say so, do not guess
-        failure = Failure(Status.RUNTIME_ERROR, type(exc).__name__, f"evaluation failed: {exc}",
-                          trimmed_traceback(exc, workdir))
+        failure = harness_failure(exc, workdir)
     finally:
         link.stop(wait=failure is not None)
         result.phases_s.update({name: round(seconds, 4) for name, seconds in link.costs.items()})
@@ -762,6 +781,17 @@ def evaluate(request: EvalRequest, workdir: Path, device: torch.device, gate: De
 
 
 # -- helpers -----------------------------------------------------------------------------------------------------
+
+
+def harness_failure(exc: BaseException, workdir: Path) -> Failure:
+    """The verdict when the judge itself raised (it never runs candidate code). A CUDA error of its own (memory, or a
+    mapping of the subject's memory: `cudaErrorMapBufferObjectFailed` was seen under many evaluations at once on an
+    H100) says nothing of the candidate: `SandboxError`, which the scheduler runs again and no cache keeps. Anything
+    else stays the input's error, as it would be on every run."""
+    tb = trimmed_traceback(exc, workdir)
+    if isinstance(exc, (torch.AcceleratorError, torch.OutOfMemoryError)):
+        return Failure(Status.CRASHED, "SandboxError", f"the judge's GPU work failed ({type(exc).__name__}: {exc})", tb)
+    return Failure(Status.RUNTIME_ERROR, type(exc).__name__, f"evaluation failed: {exc}", tb)
 
 
 def input_bytes(get_inputs: Callable[[], Any]) -> int | None:

@@ -28,7 +28,7 @@ from typing import IO, Callable, Iterable, Iterator, Protocol
 
 from drkernel.runner.devices import discover_gpus, resolve_device
 from drkernel.runner.sandbox import GPU_OVERLAP, memory_share_mb
-from drkernel.scheduling.cache import DEFAULT_ENTRIES, ResultCache
+from drkernel.scheduling.cache import DEFAULT_ENTRIES, ResultCache, infrastructure_failure
 from drkernel.schema import ErrorInfo, EvalRequest, EvalResult, Status
 
 PREPARED_AHEAD = 2  # jobs forked and starting up per worker beyond those running (CUDA start-up takes seconds)
@@ -81,6 +81,7 @@ class Scheduler:
         self.cache = ResultCache(self.device, cache_entries) if cache_entries else None
         self.max_attempts = max_attempts
         self.overlap = overlap  # evaluations running at once per worker (drkernel.runner.sandbox.DeviceQueue)
+        self.jobs_per_worker = JOBS_PER_WORKER if overlap is None else overlap + PREPARED_AHEAD
         if self.device == "cuda":
             gpus = discover_gpus()
             slots = [_Slot(f"gpu{g}", "cuda", g) for g in gpus[: workers or len(gpus)]]
@@ -194,8 +195,8 @@ class Scheduler:
     # Worker management -------------------------------------------------------------------------------------
 
     def _start_worker(self, slot: _Slot) -> subprocess.Popen[bytes]:
-        # JOBS_PER_WORKER evaluation processes per worker may be alive at once: the machine's memory is shared.
-        cap = memory_share_mb(JOBS_PER_WORKER * len(self._slots))
+        # jobs_per_worker evaluation processes per worker may be alive at once: the machine's memory is shared.
+        cap = memory_share_mb(self.jobs_per_worker * len(self._slots))
         command = [sys.executable, "-m", "drkernel.scheduling.worker", "--device", slot.device,
                    "--memory-cap-mb", str(cap)]
         if slot.gpu is not None:
@@ -211,10 +212,10 @@ class Scheduler:
         return process
 
     def _feed(self, slot: _Slot) -> None:
-        """Keep the slot's worker supplied with up to JOBS_PER_WORKER jobs; kill it if its head job hangs."""
+        """Keep the slot's worker supplied with up to jobs_per_worker jobs; kill it if its head job hangs."""
         while True:
             with self._cond:
-                while not self._closed and not (self._queue and len(slot.inflight) < JOBS_PER_WORKER):
+                while not self._closed and not (self._queue and len(slot.inflight) < self.jobs_per_worker):
                     self._cond.wait(timeout=1.0)
                     self._check_hung(slot)
                 if self._closed:
@@ -250,13 +251,17 @@ class Scheduler:
             if "ready" in message:
                 ready.set()
                 continue
+            result = EvalResult.from_dict(message["result"])
             with self._cond:
                 job = slot.inflight.pop(message["job"], None)
                 slot.completed += 1
                 slot.head_since = time.monotonic()
+                again = job is not None and infrastructure_failure(result) and job.attempts < self.max_attempts
+                if again:  # the harness failed, not the candidate: the job runs again, first in line
+                    self._queue.appendleft(job)  # type: ignore[arg-type]
                 self._cond.notify_all()
-            if job is not None and not job.future.done():
-                job.future.set_result(EvalResult.from_dict(message["result"]))
+            if job is not None and not again and not job.future.done():
+                job.future.set_result(result)
         process.wait()
         ready.set()  # nobody waits for a start-up that will not come
         with self._cond:  # the worker is gone: its jobs go back to the front of the queue
