@@ -1,7 +1,8 @@
 """The one result shape and the evaluation options, shared by every layer.
 
-This module imports only the standard library: the sandboxed evaluation process writes an `EvalResult` as JSON,
-and the CLI, the scheduler, the HTTP service and the learning signals read the same shape back.
+This module imports only the standard library and drkernel.errors (which imports nothing): the sandboxed evaluation
+process writes an `EvalResult` as JSON, and the CLI, the scheduler, the HTTP service and the learning signals read
+the same shape back.
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ import math
 import typing
 from dataclasses import dataclass, field
 from typing import Any
+
+from drkernel.errors import UsageError
 
 
 class Status(str, enum.Enum):
@@ -217,21 +220,21 @@ class EvalOptions:
 
     def __post_init__(self) -> None:
         if self.device not in ("auto", "cpu", "cuda"):
-            raise ValueError(f"device must be auto, cpu or cuda, not {self.device!r}")
+            raise UsageError(f"device must be auto, cpu or cuda, not {self.device!r}")
         if self.reference_mode not in ("eager", "compile"):
-            raise ValueError(f"reference_mode must be eager or compile, not {self.reference_mode!r}")
+            raise UsageError(f"reference_mode must be eager or compile, not {self.reference_mode!r}")
         if self.timeout_s <= 0:
-            raise ValueError("timeout_s must be positive")
+            raise UsageError("timeout_s must be positive")
         if self.correctness_trials < 1 or self.perf_trials < 1 or self.warmup_trials < 0:
-            raise ValueError("correctness_trials and perf_trials must be >= 1, warmup_trials >= 0")
+            raise UsageError("correctness_trials and perf_trials must be >= 1, warmup_trials >= 0")
         if not 0.0 <= self.min_coverage <= 1.0:
-            raise ValueError("min_coverage must lie in [0, 1]")
+            raise UsageError("min_coverage must lie in [0, 1]")
         if self.precision not in ("matched", "tolerance"):
-            raise ValueError(f"precision must be matched or tolerance, not {self.precision!r}")
+            raise UsageError(f"precision must be matched or tolerance, not {self.precision!r}")
         if not self.precision_factor >= 1.0:
-            raise ValueError("precision_factor must be at least 1")
+            raise UsageError("precision_factor must be at least 1")
         if self.memory_limit_mb < 256:
-            raise ValueError("memory_limit_mb must be at least 256")
+            raise UsageError("memory_limit_mb must be at least 256")
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -242,7 +245,7 @@ class EvalOptions:
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(data) - known)
         if unknown:
-            raise ValueError(f"unknown option(s): {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+            raise UsageError(f"unknown option(s): {', '.join(unknown)}; known: {', '.join(sorted(known))}")
         return cls(**data)
 
 

@@ -33,6 +33,7 @@ from drkernel.agent.records import (
     write_json,
 )
 from drkernel.agent.summary import completeness, summarize
+from drkernel.errors import UsageError
 from drkernel.rl import RewardConfig
 from drkernel.runner.devices import discover_gpus
 from drkernel.runner.sandbox import gpu_gate_path
@@ -109,7 +110,7 @@ FIXED_ON_RESUME = ("tasks", "model", "levels", "problems", "names", "samples", "
                    "max_tokens", "stop", "seed", "prompts", "profiling_reward", "precision")
 
 
-class RunDirError(ValueError):
+class RunDirError(UsageError):
     """The run directory does not fit the request (a run already there, or settings that differ on resume)."""
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any, Protocol
 
+from drkernel.errors import EngineError
 from drkernel.scheduling.scheduler import Backend
 from drkernel.schema import EvalOptions, EvalRequest, EvalResult
 from drkernel.tasks import Task
@@ -42,4 +43,4 @@ class ServiceEvaluator:
         try:
             return await self.client.evaluate(task.code, code, self.options.to_dict(), timeout=self.timeout_s)
         except httpx.HTTPError as exc:  # the service is down or unreachable: no verdict can be had
-            raise RuntimeError(f"the evaluation service failed: {type(exc).__name__}: {exc}") from exc
+            raise EngineError(f"the evaluation service failed: {type(exc).__name__}: {exc}") from exc

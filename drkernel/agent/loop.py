@@ -32,6 +32,7 @@ from drkernel.agent.records import (
     by_trajectory,
     read_trajectories,
 )
+from drkernel.errors import UsageError
 from drkernel.rl import RewardConfig, reward
 from drkernel.schema import EvalResult
 from drkernel.tasks import Task
@@ -51,7 +52,7 @@ class LoopConfig:
 
     def __post_init__(self) -> None:
         if self.samples < 1 or self.turns < 1 or self.concurrency < 1:
-            raise ValueError("samples, turns and concurrency must be at least 1")
+            raise UsageError("samples, turns and concurrency must be at least 1")
 
 
 @dataclass

@@ -7,13 +7,14 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from drkernel.cli.common import INTERPRETER_NOTE
+from drkernel.errors import UsageError
 from drkernel.schema import EvalOptions, EvalRequest, EvalResult
-from drkernel.tasks import TaskLoadError, load_candidates, load_tasks, pair_candidates, select_tasks
+from drkernel.tasks import load_candidates, load_tasks, pair_candidates, select_tasks
 
 
 def run_batch(
@@ -26,22 +27,17 @@ def run_batch(
     workers: int | None,
     ray_address: str | None,
 ) -> None:
-    from drkernel.cli.main import fail
-
-    try:
-        all_tasks = load_tasks(tasks_spec)
-        chosen = {t.key for t in select_tasks(all_tasks, levels=levels or None, names=names or None)}
-        pairs = [(t, c) for t, c in pair_candidates(all_tasks, load_candidates(candidates_spec)) if t.key in chosen]
-    except (TaskLoadError, OSError) as exc:
-        raise fail(str(exc))
+    all_tasks = load_tasks(tasks_spec)
+    chosen = {t.key for t in select_tasks(all_tasks, levels=levels or None, names=names or None)}
+    pairs = [(t, c) for t, c in pair_candidates(all_tasks, load_candidates(candidates_spec)) if t.key in chosen]
     if not pairs:
-        raise fail("no candidate answers the selected tasks")
+        raise UsageError("no candidate answers the selected tasks")
     if out is not None:
         try:
             out.parent.mkdir(parents=True, exist_ok=True)
             sink = out.open("w")
         except OSError as exc:
-            raise fail(f"cannot write {out}: {exc}")
+            raise UsageError(f"cannot write {out}: {exc}") from exc
     requests = [EvalRequest(t.code, c.code, options, task_name=t.key) for t, c in pairs]
     backend = _backend(options.device, workers, ray_address)
     console = Console(stderr=True)
@@ -72,18 +68,13 @@ def run_batch(
 
 def _backend(device: str, workers: int | None, ray_address: str | None, cache: bool = True) -> Any:
     """`cache=False` for the service: its store is the result cache, under the same key."""
-    from drkernel.cli.main import fail
+    if ray_address:
+        from drkernel.scheduling.ray_backend import RayBackend
 
-    try:
-        if ray_address:
-            from drkernel.scheduling.ray_backend import RayBackend
+        return RayBackend(address=ray_address, device=device)
+    from drkernel.scheduling.scheduler import Scheduler
 
-            return RayBackend(address=ray_address, device=device)
-        from drkernel.scheduling.scheduler import Scheduler
-
-        return Scheduler(device=device, workers=workers, **({} if cache else {"cache_entries": 0}))
-    except (RuntimeError, ValueError, ImportError) as exc:
-        raise fail(str(exc))
+    return Scheduler(device=device, workers=workers, **({} if cache else {"cache_entries": 0}))
 
 
 def _evaluate_all(backend: Any, requests: list[EvalRequest], done: Any) -> list[EvalResult]:
@@ -123,7 +114,5 @@ def summary_table(results: list[EvalResult]) -> Table:
     for status, count in sorted(Counter(r.status for r in results).items()):
         table.add_row(f"status {status}", str(count))
     if any(r.environment and r.environment.interpreter for r in results):
-        from drkernel.cli.bench import INTERPRETER_NOTE
-
         table.caption = INTERPRETER_NOTE
     return table

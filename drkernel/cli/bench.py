@@ -16,24 +16,10 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from drkernel.cli.common import INTERPRETER_NOTE, err, parse_ids
+from drkernel.errors import EngineError, UsageError
+
 _UNSET: Any = None  # options left unset fall back to the saved config on --resume, else to BenchConfig's defaults
-
-
-def parse_ids(texts: list[str], option: str = "--problems") -> list[int]:
-    """'1,2,19' or '1-5,19' (the option may be repeated) as a list of ids (problem ids, levels)."""
-    from drkernel.cli.main import fail
-
-    ids: list[int] = []
-    text = ",".join(texts)
-    for part in text.replace(" ", ",").split(","):
-        if not part:
-            continue
-        start, dash, end = part.strip().partition("-")
-        try:
-            ids.extend(range(int(start), int(end) + 1) if dash else [int(start)])
-        except ValueError:
-            raise fail(f"{option} takes numbers like 1,2,19 or 1-5, not {text!r}")
-    return ids
 
 
 def bench_command(
@@ -91,14 +77,12 @@ def bench_command(
 ) -> None:
     """Let a model write and refine kernels for each task; record every judged turn; print Fast@p per turn."""
     from drkernel.agent.backends import FatalGenerationError
-    from drkernel.agent.bench import RunDirError, load_usable_tasks, prepare_run_dir, run_bench
+    from drkernel.agent.bench import load_usable_tasks, prepare_run_dir, run_bench
     from drkernel.agent.records import GENERATION_ERRORS, read_trajectories
-    from drkernel.cli.main import err, fail
-    from drkernel.tasks import TaskLoadError
 
     given = {
         "tasks": tasks, "levels": parse_ids(level, "--level") if level else None,
-        "problems": parse_ids(problems) if problems else None, "names": name,
+        "problems": parse_ids(problems, "--problems") if problems else None, "names": name,
         "model": model, "base_url": base_url, "api_key_env": api_key_env, "samples": samples, "turns": turns,
         "context": context, "temperature": temperature, "top_p": top_p, "max_tokens": max_tokens, "stop": stop,
         "seed": seed, "prompts": prompts, "profiling_reward": profiling_reward, "concurrency": concurrency,
@@ -109,12 +93,9 @@ def bench_command(
         "precision": precision,
     }
     given = {key: value for key, value in given.items() if value not in (None, [])}
-    try:
-        config = prepare_run_dir(out, given, resume)
-        config.loop_config()  # reads the prompt templates: a bad file fails here, before any request
-        selected, problems_found = load_usable_tasks(config)
-    except (RunDirError, TaskLoadError, ValueError, TypeError, OSError) as exc:
-        raise fail(str(exc))
+    config = prepare_run_dir(out, given, resume)
+    config.loop_config()  # reads the prompt templates: a bad file fails here, before any request
+    selected, problems_found = load_usable_tasks(config)
     for problem in problems_found:
         err.print(f"[yellow]warning:[/yellow] skipped a task that does not load: {problem}")
     total = len(selected) * config.samples * config.turns
@@ -134,11 +115,14 @@ def bench_command(
     except KeyboardInterrupt:
         err.print(f"interrupted: the turns recorded so far are kept in {out}; rerun with --resume to continue")
         raise typer.Exit(130)
-    except FatalGenerationError as exc:
-        raise fail(f"the model cannot be used: {exc}. Turns recorded so far are kept in {out}; fix the cause "
-                   f"and rerun with --resume.")
-    except (RuntimeError, ValueError, OSError, TaskLoadError) as exc:  # no evaluator, or a local model that
-        raise fail(f"{exc}. Turns recorded so far are kept in {out}.")       # does not load
+    except FatalGenerationError as exc:  # a wrong key, model or endpoint: the arguments' to fix
+        raise UsageError(f"the model cannot be used: {exc}. Turns recorded so far are kept in {out}; fix the cause "
+                         f"and rerun with --resume.") from exc
+    except UsageError as exc:  # a local model that does not load
+        raise UsageError(f"{exc}. Turns recorded so far are kept in {out}.") from exc
+    except EngineError as exc:  # no evaluator
+        raise EngineError(f"{exc}. Turns recorded so far are kept in {out}; rerun with --resume once the "
+                          f"evaluation engine is back.") from exc
     Console().print(summary_table(summary))
     if any(_interpreted(record) for record in read_trajectories(out)):
         err.print(f"[yellow]warning:[/yellow] {INTERPRETER_NOTE}")
@@ -147,7 +131,7 @@ def bench_command(
         err.print(f"[yellow]warning:[/yellow] a model request failed for good (its trajectory stopped; --resume "
                   f"asks the turn again): {cause}")
     if failures and not outcome.new_turns:
-        raise fail(f"every model request failed ({len(failures)}); first cause: {failures[0].cause}. Logged in "
+        raise UsageError(f"every model request failed ({len(failures)}); first cause: {failures[0].cause}. Logged in "
                    f"{out / GENERATION_ERRORS}; rerun with --resume once the model answers.")
     console.print(f"records: {out}")
 
@@ -174,9 +158,6 @@ def summary_table(summary: dict[str, Any]) -> Table:
     return table
 
 
-INTERPRETER_NOTE = "Triton interpreter on the CPU: speedups say nothing of GPU speed"
-
-
 def _interpreted(record: Any) -> bool:
     return bool(((record.result or {}).get("environment") or {}).get("interpreter"))
 
@@ -195,15 +176,14 @@ def export_sft_command(
     """Write the kept turns of a run (default: correct, not hacked, speedup >= 1) as chat data for SFT."""
     from drkernel.agent.export import SftFilter, write_sft
     from drkernel.agent.records import TRAJECTORIES, read_trajectories
-    from drkernel.cli.main import fail
 
     if not (run_dir / TRAJECTORIES).is_file():
-        raise fail(f"{run_dir} holds no {TRAJECTORIES}: not a bench run directory")
+        raise UsageError(f"{run_dir} holds no {TRAJECTORIES}: not a bench run directory")
+    records = read_trajectories(run_dir)
     try:
-        records = read_trajectories(run_dir)
         count = write_sft(records, out, SftFilter(not any_verdict, min_speedup or None))
-    except (ValueError, OSError) as exc:
-        raise fail(str(exc))
+    except OSError as exc:
+        raise UsageError(f"cannot write {out}: {exc}") from exc
     print(f"{count} of {len(records)} turns written to {out}", file=sys.stderr)
     slower = [r for r in records if r.correct and (r.speedup or 0.0) < min_speedup]
     if count == 0 and min_speedup and slower:

@@ -14,6 +14,9 @@ from typing import Optional
 
 import typer
 
+from drkernel.cli.common import err
+from drkernel.errors import UsageError
+
 DEFAULT_STORE = Path.home() / ".cache" / "drkernel" / "service.db"
 
 
@@ -30,11 +33,9 @@ def serve_command(
                                          help="Delete finished evaluations older than this; 0 keeps them all."),
 ) -> None:
     """Serve evaluations over HTTP: /v1/evaluations, KernelGYM's /evaluate, /metrics, /docs."""
-    from drkernel.cli.main import err, fail
-
     token = os.environ.get(token_env) or None
     if token is None and not is_loopback(host):
-        raise fail(f"refusing to serve on {host} without a token: anyone who reaches it could run code here. "
+        raise UsageError(f"refusing to serve on {host} without a token: anyone who reaches it could run code here. "
                    f"Set {token_env} (clients then send 'Authorization: Bearer <token>'), or bind to 127.0.0.1.")
     if token is None:
         err.print(f"[yellow]no token in ${token_env}:[/yellow] serving on loopback ({host}) only, without "
@@ -46,13 +47,13 @@ def serve_command(
         from drkernel.service.dispatcher import Dispatcher
         from drkernel.service.store import Store
     except ImportError as exc:
-        raise fail(f"the service needs its extra: pip install 'drkernel[serve]' ({exc})")
+        raise UsageError(f"the service needs its extra: pip install 'drkernel[serve]' ({exc})") from exc
     from drkernel.cli.batch import _backend
 
     try:  # before the workers start: a port in use is a usage error, not a failure after a long start
         socket.create_server((host, port)).close()
     except OSError as exc:
-        raise fail(f"cannot listen on {host}:{port}: {exc}")
+        raise UsageError(f"cannot listen on {host}:{port}: {exc}") from exc
     backend = _backend(device, workers, ray, cache=False)
     dispatcher = Dispatcher(Store(store), backend, backend.device,
                             retention_s=retention_days * 86400 if retention_days > 0 else None)

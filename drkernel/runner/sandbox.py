@@ -24,6 +24,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 
+from drkernel.errors import EngineError
 from drkernel.sandbox import procfs
 from drkernel.sandbox.gate import GATE_FILE
 from drkernel.runner.forkserver import ForkServer, ForkServerDied, JobHandle
@@ -35,8 +36,8 @@ OUTPUT_TAIL_CHARS = 3000
 GPU_OVERLAP = 3  # evaluations running at once on one GPU: checking correctness together, timing one at a time
 
 
-class _NeverStarted(Exception):
-    pass
+class _NeverStarted(EngineError):
+    """The evaluation process did not start."""
 
 
 @dataclass

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from drkernel.agent.context import ContextPolicy
+from drkernel.errors import UsageError
 from drkernel.rl import RewardConfig
 from drkernel.scheduling.cache import DEFAULT_ENTRIES
 from drkernel.schema import EvalOptions
@@ -24,7 +25,7 @@ from drkernel.train.signals import ESTIMATORS
 TINY_MODEL = "tiny"  # `model: tiny` builds a random tiny policy (drkernel.train.policy) in the run directory
 
 
-class ConfigError(ValueError):
+class ConfigError(UsageError):
     """A configuration that cannot train: an unknown key, a bad value, a combination that would train wrongly."""
 
 

@@ -21,16 +21,17 @@ from drkernel.agent.evaluate import Evaluator
 from drkernel.agent.loop import JudgedAnswer, judge_answer
 from drkernel.agent.prompts import PromptTemplates
 from drkernel.agent.records import TurnRecord
+from drkernel.errors import EngineError, UsageError
 from drkernel.rl import RewardConfig, measured_coverage
 from drkernel.schema import EvalResult, Status
 from drkernel.tasks.task import Task
 
 
-class EvaluatorUnavailable(RuntimeError):
+class EvaluatorUnavailable(EngineError):
     """The evaluator failed every retry: the step cannot be scored, and is failed rather than trained on zeros."""
 
 
-class TemplateMismatch(ValueError):
+class TemplateMismatch(UsageError):
     """The next turn's rendered prompt does not extend the previous one, so the turns are not one sequence."""
 
 
