@@ -18,7 +18,15 @@ from typing import Any
 from drkernel.errors import UsageError
 
 
-class Status(str, enum.Enum):
+class _StrEnum(str, enum.Enum):
+    """An enum whose members are their strings: they print, format and serialise as their values, so JSON holds
+    the same strings as before the enums (enum.StrEnum, from Python 3.11 on, does the same)."""
+
+    __str__ = str.__str__
+    __format__ = str.__format__
+
+
+class Status(_StrEnum):
     """Verdict of one evaluation. Only `CORRECT` earns credit."""
 
     CORRECT = "correct"
@@ -31,7 +39,7 @@ class Status(str, enum.Enum):
     INVALID = "invalid"  # the task or the request itself is unusable (no ModelNew, broken reference, ...)
 
 
-class HackReason(str, enum.Enum):
+class HackReason(_StrEnum):
     """Why an evaluation was judged a hack (EvalResult.hack_reasons); found by drkernel.sandbox.guards."""
 
     NO_TRITON_KERNEL = "no_triton_kernel"
@@ -157,7 +165,7 @@ class Environment:
 
 @dataclass
 class EvalResult:
-    status: str = Status.INVALID.value
+    status: Status = Status.INVALID
     correct: bool = False  # passed correctness, and no hacking verdict
     hack_reasons: list[str] = field(default_factory=list)  # reason codes, see drkernel.sandbox.guards
     hack_details: dict[str, str] = field(default_factory=dict)  # code -> message a model can learn from
@@ -172,6 +180,9 @@ class EvalResult:
     duration_s: float | None = None  # wall time of the evaluation, from its start signal to its result
     phases_s: dict[str, float] = field(default_factory=dict)  # where the time went: load, build, correctness, ...
     cached: bool = False  # an identical request's verdict, shared (drkernel.scheduling.cache): this one did not run
+
+    def __post_init__(self) -> None:
+        self.status = Status(self.status)  # a status given as its string (the sandboxed judge's JSON) is the enum
 
     def to_dict(self) -> dict[str, Any]:
         return _finite(dataclasses.asdict(self))
@@ -189,7 +200,7 @@ class EvalResult:
 
     @classmethod
     def failure(cls, status: Status, kind: str, message: str, traceback: str = "") -> EvalResult:
-        return cls(status=status.value, error=ErrorInfo(kind=kind, message=message, traceback=traceback))
+        return cls(status=status, error=ErrorInfo(kind=kind, message=message, traceback=traceback))
 
 
 @dataclass
@@ -272,9 +283,12 @@ class EvalRequest:
 
 
 def _finite(value: Any) -> Any:
-    """JSON has no NaN or infinity: such numbers (a NaN a candidate produced, say) become null."""
+    """Plain JSON values: no NaN or infinity (such numbers, a NaN a candidate produced say, become null), and enums
+    as their strings."""
     if isinstance(value, float) and not math.isfinite(value):
         return None
+    if isinstance(value, enum.Enum):
+        return value.value
     if isinstance(value, dict):
         return {k: _finite(v) for k, v in value.items()}
     if isinstance(value, list):

@@ -140,7 +140,7 @@ async def _turn(
 class JudgedAnswer:
     code: str | None  # the python block judged; None: the answer had none (status FORMAT_ERROR, reward 0)
     result: EvalResult | None
-    status: str
+    status: str  # the result's Status, or FORMAT_ERROR
     reward: float
     feedback: str  # the message the next turn shows the model
 

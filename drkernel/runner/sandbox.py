@@ -185,7 +185,7 @@ class Sandbox:
             return result
         if outcome == "timeout":
             result = _crashed("Timeout", f"the evaluation exceeded its {timeout_s:g} s time limit", workdir)
-            result.status = Status.TIMEOUT.value
+            result.status = Status.TIMEOUT
             return result
         if outcome == "memory":
             return _crashed("MemoryLimit", f"the evaluation exceeded its host memory limit of {memory_mb} MB",
@@ -271,7 +271,7 @@ def _crashed_by_status(status: int | None, workdir: Path) -> EvalResult:
 
 def _crashed(kind: str, message: str, workdir: Path) -> EvalResult:
     return EvalResult(
-        status=Status.CRASHED.value,
+        status=Status.CRASHED,
         error=ErrorInfo(kind=kind, message=message, traceback=_output_tail(workdir)),
     )
 

@@ -220,4 +220,4 @@ def _harness_failed(error: BaseException) -> EvalResult:
         kind, message = "WorkerLost", f"the Ray actor was lost and Ray's retries are spent: {error!r}"
     else:
         kind, message = "SandboxError", f"the evaluation actor failed: {error!r}"
-    return EvalResult(status=Status.CRASHED.value, error=ErrorInfo(kind=kind, message=message))
+    return EvalResult(status=Status.CRASHED, error=ErrorInfo(kind=kind, message=message))

@@ -200,7 +200,7 @@ class MultiTurnRollout:
         result, code, value, feedback = judged.result, judged.code, judged.reward, judged.feedback
         if result is not None:
             self.stats.evaluations += 1
-            self.stats.crashed += result.status == Status.CRASHED.value
+            self.stats.crashed += result.status == Status.CRASHED
             self.stats.cached += result.cached
         messages, context_turns = build_messages(traj.first_prompt, traj.shown, self.context)
         start = len(traj.completion_ids)

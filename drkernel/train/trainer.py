@@ -20,7 +20,7 @@ import torch
 
 from drkernel.agent.prompts import PromptTemplates, first_turn_prompt
 from drkernel.rl.metrics import fast_p_per_turn
-from drkernel.schema import HackReason
+from drkernel.schema import HackReason, Status
 from drkernel.tasks.loaders import require
 from drkernel.tasks.task import Task
 from drkernel.train.config import TrainConfig
@@ -275,7 +275,7 @@ class DrKernelTrainer(trl.GRPOTrainer):
             "turn_correct": (torch.tensor(correct).sum(0) / reached_turns).tolist(),
             "turn_fast_1": _finite(fast_p_per_turn(speedups, correct, 1.0, reached).tolist()),
             "turn_fast_1_2": _finite(fast_p_per_turn(speedups, correct, 1.2, reached).tolist()),
-            "hacked_share": sum(r["status"] == "hacked" for r in rows) / max(len(rows), 1),
+            "hacked_share": sum(r["status"] == Status.HACKED for r in rows) / max(len(rows), 1),
             "lazy_share": sum(r["lazy"] for r in rows) / max(len(rows), 1),
             "coverage_mean": sum(coverage) / len(coverage) if coverage else None,
             "kept_mrs": kept_fraction(signals, "mrs"),
