@@ -203,36 +203,51 @@ class EvalResult:
         return cls(status=status, error=ErrorInfo(kind=kind, message=message, traceback=traceback))
 
 
+DEVICES = ("auto", "cpu", "cuda")
+REFERENCE_MODES = ("eager", "compile")  # compile: a torch.compile'd reference
+PRECISION_RULES = ("matched", "tolerance")
+
+
 @dataclass
 class EvalOptions:
     """How to evaluate one candidate. Every field has a JSON-friendly type so options travel over HTTP."""
 
-    device: str = "auto"  # "auto" | "cpu" | "cuda"
-    timeout_s: float = 180.0  # wall-clock limit for the whole evaluation, process start included
+    # metadata "help" (and "flag", "choices", "min") is the command line's (drkernel.cli.options)
+    device: str = field(default="auto", metadata={
+        "choices": DEVICES, "help": "Evaluation device; auto picks cuda when a GPU is visible."})
+    timeout_s: float = field(default=180.0, metadata={  # for the whole evaluation, process start included
+        "flag": "--timeout", "help": "Wall-clock limit per evaluation, seconds.", "min": 1.0})
     memory_limit_mb: int = 16384  # host memory cap of the evaluation process
-    seed: int = 42
-    correctness_trials: int = 5
-    perf_trials: int = 20  # timed calls per side
+    seed: int = field(default=42, metadata={"help": "Seed of the inputs the reference and the candidate run on."})
+    correctness_trials: int = field(default=5, metadata={"flag": "--trials", "help": "Correctness trials.", "min": 1})
+    perf_trials: int = field(default=20, metadata={"help": "Timed calls per side.", "min": 1})
     warmup_trials: int = 3
-    measure_performance: bool = True
-    reference_mode: str = "eager"  # "eager" | "compile" (torch.compile'd reference)
+    measure_performance: bool = field(default=True, metadata={
+        "flag": "--perf/--no-perf", "help": "Time the candidate against the reference; --no-perf checks correctness "
+                                            "only."})
+    reference_mode: str = field(default="eager", metadata={
+        "choices": REFERENCE_MODES, "help": "Time against the eager reference, or against torch.compile's."})
     atol: float | None = None  # overrides the per-dtype default
     rtol: float | None = None
     rel_error_bound: float | None = None  # overrides the per-dtype default of ||out - ref|| / ||ref||
     check_hacks: bool = True
-    allow_torch_glue: bool = True  # PyTorch ops around the Triton kernels (KernelBench and the paper allow it)
+    allow_torch_glue: bool = field(default=True, metadata={
+        "flag": "--torch-glue/--strict", "help": "PyTorch ops around the Triton kernels, as KernelBench and the "
+                                                 "paper allow; --strict forbids them."})
     min_coverage: float = 0.05  # on a GPU, less of the time than this in the candidate's own kernels is lazy
     profile: bool = True
     # "matched": the candidate's error against float64 may exceed the reference's own by at most `precision_factor`
     # (a speedup bought with TF32, float16 or bfloat16 arithmetic is refused); "tolerance": atol/rtol alone, as
     # KernelBench and the paper judge.
-    precision: str = "matched"
+    precision: str = field(default="matched", metadata={
+        "choices": PRECISION_RULES, "help": "matched: a speedup bought with lower precision than the reference's is "
+                                            "refused; tolerance: atol/rtol alone, as KernelBench and the paper judge."})
     precision_factor: float = 10.0
 
     def __post_init__(self) -> None:
-        if self.device not in ("auto", "cpu", "cuda"):
+        if self.device not in DEVICES:
             raise UsageError(f"device must be auto, cpu or cuda, not {self.device!r}")
-        if self.reference_mode not in ("eager", "compile"):
+        if self.reference_mode not in REFERENCE_MODES:
             raise UsageError(f"reference_mode must be eager or compile, not {self.reference_mode!r}")
         if self.timeout_s <= 0:
             raise UsageError("timeout_s must be positive")
@@ -240,7 +255,7 @@ class EvalOptions:
             raise UsageError("correctness_trials and perf_trials must be >= 1, warmup_trials >= 0")
         if not 0.0 <= self.min_coverage <= 1.0:
             raise UsageError("min_coverage must lie in [0, 1]")
-        if self.precision not in ("matched", "tolerance"):
+        if self.precision not in PRECISION_RULES:
             raise UsageError(f"precision must be matched or tolerance, not {self.precision!r}")
         if not self.precision_factor >= 1.0:
             raise UsageError("precision_factor must be at least 1")

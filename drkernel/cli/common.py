@@ -13,6 +13,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from drkernel.errors import DrkernelError, UsageError
+from drkernel.scheduling.engine import legacy_engine_name
 
 err = Console(stderr=True)
 
@@ -22,6 +23,12 @@ FAILURE_EXIT = 1  # the evaluation engine or the model failed: not the arguments
 INTERPRETER_NOTE = "Triton interpreter on the CPU: speedups say nothing of GPU speed"
 
 Command = TypeVar("Command", bound=Callable[..., Any])
+
+
+def flag(*names: str, help: str) -> Any:
+    """A boolean option that is off unless named: shown without a value type (typer shows "<bool>", which reads as
+    if it took true or false)."""
+    return typer.Option(False, *names, help=help, metavar="")
 
 
 def say_error(message: str) -> None:
@@ -67,3 +74,15 @@ def parse_ids(texts: list[str], option: str) -> list[int]:
         except ValueError:
             raise UsageError(f"{option} takes numbers like 1,2,19 or 1-5, not {text!r}") from None
     return ids
+
+
+def engine_settings(settings: dict[str, Any], ray: str | None = None, service: str | None = None) -> dict[str, Any]:
+    """The engine's settings given (`--engine`, `--workers`, ...), with the older `--ray ADDRESS` or `--service URL`
+    as the engine's name."""
+    engine = dict(settings.get("engine", {}))
+    older = legacy_engine_name(ray, service)
+    if older is not None:
+        if "name" in engine:
+            raise UsageError("name the engine once: --engine, or the older --ray / --service")
+        engine["name"] = older
+    return engine

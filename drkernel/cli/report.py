@@ -8,7 +8,7 @@ from typing import Optional
 import typer
 from rich.markup import escape
 
-from drkernel.cli.common import err
+from drkernel.cli.common import err, flag
 from drkernel.errors import UsageError
 
 
@@ -18,7 +18,7 @@ def report_command(
     out: Path = typer.Option(..., "--out", "-o", help="Folder to write report.html, report.md, figures/, tables/."),
     published: Optional[list[Path]] = typer.Option(
         None, "--published", help="More published numbers (JSON or YAML, see docs/report.md); repeatable."),
-    no_paper: bool = typer.Option(False, "--no-paper", help="Leave out the Dr. Kernel paper's published numbers."),
+    no_paper: bool = flag("--no-paper", help="Leave out the Dr. Kernel paper's published numbers."),
 ) -> None:
     """Report runs (still going or finished) side by side with published numbers."""
     from drkernel.report import write_report

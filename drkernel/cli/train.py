@@ -10,14 +10,14 @@ from typing import Optional
 
 import typer
 
-from drkernel.cli.common import err
+from drkernel.cli.common import err, flag
 from drkernel.errors import UsageError
 
 
 def train_command(
     config: Optional[Path] = typer.Option(None, "--config", help="A YAML file of TrainConfig fields."),
     overrides: Optional[list[str]] = typer.Option(None, "--set", help="key=value, overriding the file; repeatable."),
-    resume: bool = typer.Option(False, "--resume", help="Continue from the last checkpoint in output_dir."),
+    resume: bool = flag("--resume", help="Continue from the last checkpoint in output_dir."),
     log_samples: Optional[Path] = typer.Option(
         None, "--log-samples", help="JSONL: one line per (step, prompt, sample, turn) with its advantage and kept."
     ),
