@@ -30,6 +30,8 @@ RAY_PREFIX = "ray:"
 
 @dataclass(frozen=True)
 class EngineConfig:
+    """The engine (`name`, parsed by `kind`) and what opening it takes; field metadata is the command line's."""
+
     name: str = field(default=EMBEDDED, metadata={
         "flag": "--engine",
         "help": "Evaluation engine: embedded (this machine), ray:auto, ray:HOST:PORT or ray://HOST:PORT (a Ray "
@@ -46,7 +48,7 @@ class EngineConfig:
     })
 
     def __post_init__(self) -> None:
-        self.kind  # noqa: B018  (a name that names no engine fails here)
+        self.kind  # noqa: B018  (a name that names no engine is refused here, not when the engine opens)
         if self.workers is not None and self.workers < 1:
             raise UsageError(f"workers must be at least 1, not {self.workers}")
         if self.result_cache < 0:
