@@ -192,3 +192,23 @@ def test_bench_options_are_its_config_s_fields():
 
     assert set(BENCH_FIELDS) == {f.name for f in dataclasses.fields(BenchConfig)} - {"evaluation", "engine"}
     assert "Trajectories per task. (default: 1)" in _help_line("bench", "--samples")
+
+
+def test_one_evaluation_goes_to_the_engine_named(monkeypatch):
+    """`eval -r -c --engine URL` is judged by that engine (it ran here whatever --engine said)."""
+    from drkernel.schema import EvalResult, Status
+
+    asked = []
+
+    async def evaluate_all(engine, options, pairs, done=None):
+        asked.append((engine.name, [(task.name, code) for task, code in pairs]))
+        return [EvalResult(status=Status.CORRECT, correct=True)]
+
+    monkeypatch.setattr(batch, "evaluate_all", evaluate_all)
+    examples = Path(__file__).resolve().parent.parent / "examples"
+    reference, candidate = examples / "tasks" / "2_relu.py", examples / "candidates" / "2_relu__triton.py"
+    result = CliRunner().invoke(app, ["eval", "-r", str(reference), "-c", str(candidate), "--engine",
+                                      "http://evalhost:8000", "--json"])
+    assert result.exit_code == 0, result.output
+    assert asked == [("http://evalhost:8000", [("2_relu", candidate.read_text())])]
+    assert '"status": "correct"' in result.output

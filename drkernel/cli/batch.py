@@ -56,7 +56,7 @@ def run_batch(
                     sink.flush()
                 progress.update(bar, advance=1, description=f"{cand.id}: {result.status}")
 
-            results = asyncio.run(_evaluate_all(engine, options, [(t, c.code) for t, c in pairs], done))
+            results = asyncio.run(evaluate_all(engine, options, [(t, c.code) for t, c in pairs], done))
     finally:
         if out is not None:
             sink.close()
@@ -66,14 +66,15 @@ def run_batch(
         console.print(f"results: {out}")
 
 
-async def _evaluate_all(engine: EngineConfig, options: EvalOptions, pairs: list[tuple[Task, str]],
-                        done: Callable[[int, EvalResult], None]) -> list[EvalResult]:
+async def evaluate_all(engine: EngineConfig, options: EvalOptions, pairs: list[tuple[Task, str]],
+                       done: Callable[[int, EvalResult], None] | None = None) -> list[EvalResult]:
     """Every (task, code) judged at once by the engine, whose own queue orders the work; `done` as each ends."""
     evaluator, close = open_evaluator(engine, options)
 
     async def judge(index: int, task: Task, code: str) -> EvalResult:
         result = await evaluator.evaluate(task, code)
-        done(index, result)
+        if done is not None:
+            done(index, result)
         return result
 
     try:

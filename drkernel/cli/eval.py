@@ -3,6 +3,7 @@ results as the text a model sees."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import sys
 from pathlib import Path
@@ -41,7 +42,7 @@ def eval_command(
     if any(single) and any(batch):
         raise UsageError("give either --reference/--candidate or --tasks/--candidates, not both")
     if all(single):
-        _eval_single(reference, candidate, options, as_json)  # type: ignore[arg-type]
+        _eval_single(reference, candidate, options, engine, as_json)  # type: ignore[arg-type]
     elif all(batch):
         from drkernel.cli.batch import run_batch
 
@@ -51,11 +52,18 @@ def eval_command(
         raise UsageError("need --reference and --candidate, or --tasks and --candidates")
 
 
-def _eval_single(reference: Path, candidate: Path, options: EvalOptions, as_json: bool) -> None:
+def _eval_single(reference: Path, candidate: Path, options: EvalOptions, engine: EngineConfig, as_json: bool) -> None:
     from drkernel.feedback import render
     from drkernel.runner.evaluate import evaluate
 
-    result = evaluate(read_source(reference, "reference"), read_source(candidate, "candidate"), options)
+    ref_source, cand_source = read_source(reference, "reference"), read_source(candidate, "candidate")
+    if engine.kind == "embedded":  # one fresh sandbox here: no workers to start
+        result = evaluate(ref_source, cand_source, options)
+    else:
+        from drkernel.cli.batch import evaluate_all
+        from drkernel.tasks import Task
+
+        (result,) = asyncio.run(evaluate_all(engine, options, [(Task(reference.stem, ref_source), cand_source)]))
     if as_json:
         sys.stdout.write(result.to_json() + "\n")
     else:
