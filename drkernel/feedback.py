@@ -63,7 +63,7 @@ def render(result: EvalResult | dict[str, Any], max_chars: int = 4000) -> str:
 
 def _headline(result: EvalResult) -> str:
     parts = [f"Verdict: {result.status.upper()}"]
-    if result.speedup is not None and result.status == Status.CORRECT.value:
+    if result.speedup is not None and result.status == Status.CORRECT:
         speed = f"speedup {result.speedup:.3g}x"
         if result.speedup_ci:
             speed += f" (95% CI {result.speedup_ci[0]:.3g}-{result.speedup_ci[1]:.3g})"

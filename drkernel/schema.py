@@ -1,7 +1,8 @@
 """The one result shape and the evaluation options, shared by every layer.
 
-This module imports only the standard library: the sandboxed evaluation process writes an `EvalResult` as JSON,
-and the CLI, the scheduler, the HTTP service and the learning signals read the same shape back.
+This module imports only the standard library and drkernel.errors (which imports nothing): the sandboxed evaluation
+process writes an `EvalResult` as JSON, and the CLI, the scheduler, the HTTP service and the learning signals read
+the same shape back.
 """
 
 from __future__ import annotations
@@ -14,8 +15,18 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any
 
+from drkernel.errors import UsageError
 
-class Status(str, enum.Enum):
+
+class _StrEnum(str, enum.Enum):
+    """An enum whose members are their strings: they print, format and serialise as their values, so JSON holds
+    the same strings as before the enums (enum.StrEnum, from Python 3.11 on, does the same)."""
+
+    __str__ = str.__str__
+    __format__ = str.__format__
+
+
+class Status(_StrEnum):
     """Verdict of one evaluation. Only `CORRECT` earns credit."""
 
     CORRECT = "correct"
@@ -28,7 +39,7 @@ class Status(str, enum.Enum):
     INVALID = "invalid"  # the task or the request itself is unusable (no ModelNew, broken reference, ...)
 
 
-class HackReason(str, enum.Enum):
+class HackReason(_StrEnum):
     """Why an evaluation was judged a hack (EvalResult.hack_reasons); found by drkernel.sandbox.guards."""
 
     NO_TRITON_KERNEL = "no_triton_kernel"
@@ -154,7 +165,7 @@ class Environment:
 
 @dataclass
 class EvalResult:
-    status: str = Status.INVALID.value
+    status: Status = Status.INVALID
     correct: bool = False  # passed correctness, and no hacking verdict
     hack_reasons: list[str] = field(default_factory=list)  # reason codes, see drkernel.sandbox.guards
     hack_details: dict[str, str] = field(default_factory=dict)  # code -> message a model can learn from
@@ -169,6 +180,9 @@ class EvalResult:
     duration_s: float | None = None  # wall time of the evaluation, from its start signal to its result
     phases_s: dict[str, float] = field(default_factory=dict)  # where the time went: load, build, correctness, ...
     cached: bool = False  # an identical request's verdict, shared (drkernel.scheduling.cache): this one did not run
+
+    def __post_init__(self) -> None:
+        self.status = Status(self.status)  # a status given as its string (the sandboxed judge's JSON) is the enum
 
     def to_dict(self) -> dict[str, Any]:
         return _finite(dataclasses.asdict(self))
@@ -186,52 +200,67 @@ class EvalResult:
 
     @classmethod
     def failure(cls, status: Status, kind: str, message: str, traceback: str = "") -> EvalResult:
-        return cls(status=status.value, error=ErrorInfo(kind=kind, message=message, traceback=traceback))
+        return cls(status=status, error=ErrorInfo(kind=kind, message=message, traceback=traceback))
+
+
+DEVICES = ("auto", "cpu", "cuda")
+REFERENCE_MODES = ("eager", "compile")  # compile: a torch.compile'd reference
+PRECISION_RULES = ("matched", "tolerance")
 
 
 @dataclass
 class EvalOptions:
     """How to evaluate one candidate. Every field has a JSON-friendly type so options travel over HTTP."""
 
-    device: str = "auto"  # "auto" | "cpu" | "cuda"
-    timeout_s: float = 180.0  # wall-clock limit for the whole evaluation, process start included
+    # metadata "help" (and "flag", "choices", "min") is the command line's (drkernel.cli.options)
+    device: str = field(default="auto", metadata={
+        "choices": DEVICES, "help": "Evaluation device; auto picks cuda when a GPU is visible."})
+    timeout_s: float = field(default=180.0, metadata={  # for the whole evaluation, process start included
+        "flag": "--timeout", "help": "Wall-clock limit per evaluation, seconds.", "min": 1.0})
     memory_limit_mb: int = 16384  # host memory cap of the evaluation process
-    seed: int = 42
-    correctness_trials: int = 5
-    perf_trials: int = 20  # timed calls per side
+    seed: int = field(default=42, metadata={"help": "Seed of the inputs the reference and the candidate run on."})
+    correctness_trials: int = field(default=5, metadata={"flag": "--trials", "help": "Correctness trials.", "min": 1})
+    perf_trials: int = field(default=20, metadata={"help": "Timed calls per side.", "min": 1})
     warmup_trials: int = 3
-    measure_performance: bool = True
-    reference_mode: str = "eager"  # "eager" | "compile" (torch.compile'd reference)
+    measure_performance: bool = field(default=True, metadata={
+        "flag": "--perf/--no-perf", "help": "Time the candidate against the reference; --no-perf checks correctness "
+                                            "only."})
+    reference_mode: str = field(default="eager", metadata={
+        "choices": REFERENCE_MODES, "help": "Time against the eager reference, or against torch.compile's."})
     atol: float | None = None  # overrides the per-dtype default
     rtol: float | None = None
     rel_error_bound: float | None = None  # overrides the per-dtype default of ||out - ref|| / ||ref||
     check_hacks: bool = True
-    allow_torch_glue: bool = True  # PyTorch ops around the Triton kernels (KernelBench and the paper allow it)
+    allow_torch_glue: bool = field(default=True, metadata={
+        "flag": "--torch-glue/--strict", "help": "PyTorch ops around the Triton kernels, as KernelBench and the "
+                                                 "paper allow; --strict forbids them."})
     min_coverage: float = 0.05  # on a GPU, less of the time than this in the candidate's own kernels is lazy
     profile: bool = True
     # "matched": the candidate's error against float64 may exceed the reference's own by at most `precision_factor`
     # (a speedup bought with TF32, float16 or bfloat16 arithmetic is refused); "tolerance": atol/rtol alone, as
     # KernelBench and the paper judge.
-    precision: str = "matched"
+    precision: str = field(default="matched", metadata={
+        "choices": PRECISION_RULES, "help": "matched: a speedup bought with lower precision than the reference's is "
+                                            "refused; tolerance: atol/rtol alone, as KernelBench and the paper judge."})
     precision_factor: float = 10.0
 
     def __post_init__(self) -> None:
-        if self.device not in ("auto", "cpu", "cuda"):
-            raise ValueError(f"device must be auto, cpu or cuda, not {self.device!r}")
-        if self.reference_mode not in ("eager", "compile"):
-            raise ValueError(f"reference_mode must be eager or compile, not {self.reference_mode!r}")
+        if self.device not in DEVICES:
+            raise UsageError(f"device must be auto, cpu or cuda, not {self.device!r}")
+        if self.reference_mode not in REFERENCE_MODES:
+            raise UsageError(f"reference_mode must be eager or compile, not {self.reference_mode!r}")
         if self.timeout_s <= 0:
-            raise ValueError("timeout_s must be positive")
+            raise UsageError("timeout_s must be positive")
         if self.correctness_trials < 1 or self.perf_trials < 1 or self.warmup_trials < 0:
-            raise ValueError("correctness_trials and perf_trials must be >= 1, warmup_trials >= 0")
+            raise UsageError("correctness_trials and perf_trials must be >= 1, warmup_trials >= 0")
         if not 0.0 <= self.min_coverage <= 1.0:
-            raise ValueError("min_coverage must lie in [0, 1]")
-        if self.precision not in ("matched", "tolerance"):
-            raise ValueError(f"precision must be matched or tolerance, not {self.precision!r}")
+            raise UsageError("min_coverage must lie in [0, 1]")
+        if self.precision not in PRECISION_RULES:
+            raise UsageError(f"precision must be matched or tolerance, not {self.precision!r}")
         if not self.precision_factor >= 1.0:
-            raise ValueError("precision_factor must be at least 1")
+            raise UsageError("precision_factor must be at least 1")
         if self.memory_limit_mb < 256:
-            raise ValueError("memory_limit_mb must be at least 256")
+            raise UsageError("memory_limit_mb must be at least 256")
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -242,7 +271,7 @@ class EvalOptions:
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(data) - known)
         if unknown:
-            raise ValueError(f"unknown option(s): {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+            raise UsageError(f"unknown option(s): {', '.join(unknown)}; known: {', '.join(sorted(known))}")
         return cls(**data)
 
 
@@ -269,9 +298,12 @@ class EvalRequest:
 
 
 def _finite(value: Any) -> Any:
-    """JSON has no NaN or infinity: such numbers (a NaN a candidate produced, say) become null."""
+    """Plain JSON values: no NaN or infinity (such numbers, a NaN a candidate produced say, become null), and enums
+    as their strings."""
     if isinstance(value, float) and not math.isfinite(value):
         return None
+    if isinstance(value, enum.Enum):
+        return value.value
     if isinstance(value, dict):
         return {k: _finite(v) for k, v in value.items()}
     if isinstance(value, list):

@@ -183,7 +183,7 @@ def test_bench_help_shows_every_default_and_help():
 
     text = CliRunner().invoke(app, ["bench", "--help"], env={"COLUMNS": "400"}).output
     for option, default in (("--samples", "1"), ("--temperature", "1.0"), ("--top-p", "0.95"), ("--max-tokens", "8192"),
-                            ("--concurrency", "32"), ("--timeout", "180"), ("--device", "auto")):
+                            ("--concurrency", "32"), ("--timeout", "180.0"), ("--device", "auto")):
         line = next(line for line in text.splitlines() if f"{option} " in line)
         assert f"(default: {default})" in line, line
     for option in ("--temperature", "--top-p", "--max-tokens"):
@@ -231,3 +231,28 @@ def test_an_unreachable_model_server_fails_at_once():
     with pytest.raises(FatalGenerationError, match=f"cannot connect to http://127.0.0.1:{port}/v1"):
         asyncio.run(model.complete([{"role": "user", "content": "q"}], SamplingParams(1.0, 1.0, 8, [], None)))
     assert time.perf_counter() - started < 5.0
+
+
+def test_bench_settings_nest_and_an_older_flat_config_json_still_resumes(tmp_path):
+    """config.json nests `evaluation` (EvalOptions) and `engine` (EngineConfig); one written before, with flat
+    device, workers, ray, ..., resumes into the same settings (issue 22)."""
+    from drkernel.agent.bench import RunDirError, prepare_run_dir
+    from drkernel.scheduling.engine import EngineConfig
+    from drkernel.schema import EvalOptions
+
+    older = {"tasks": "t", "model": "m", "base_url": "u", "samples": 2, "device": "cpu", "workers": 3,
+             "result_cache": 0, "ray": "auto", "service": None, "service_token_env": "T", "timeout_s": 60.0,
+             "correctness_trials": 2, "perf_trials": 4, "measure_performance": False, "precision": "tolerance"}
+    (tmp_path / "config.json").write_text(json.dumps(older))
+    config = prepare_run_dir(tmp_path, {}, resume=True)
+    assert (config.tasks, config.samples) == ("t", 2)
+    assert config.evaluation == EvalOptions(device="cpu", timeout_s=60.0, correctness_trials=2, perf_trials=4,
+                                            measure_performance=False, precision="tolerance")
+    assert config.engine == EngineConfig("ray:auto", workers=3, result_cache=0, token_env="T")
+    saved = json.loads((tmp_path / "config.json").read_text())
+    assert saved["evaluation"]["precision"] == "tolerance" and saved["engine"]["name"] == "ray:auto"
+    assert not {"device", "workers", "ray", "service", "precision"} & set(saved)
+    with pytest.raises(RunDirError, match=r"evaluation.precision \('tolerance' -> 'matched'\)"):
+        prepare_run_dir(tmp_path, {"evaluation": {"precision": "matched"}}, resume=True)
+    moved = prepare_run_dir(tmp_path, {"engine": {"name": "embedded"}, "evaluation": {"device": "auto"}}, resume=True)
+    assert (moved.engine.name, moved.engine.workers, moved.evaluation.device) == ("embedded", 3, "auto")

@@ -413,7 +413,7 @@ def test_bench_judges_identical_answers_once_and_records_it(tmp_path, cache):
     cached = sorted(r.cached for r in records)
     assert cached == ([False, True, True] if cache != "0" else [False] * 3)
     assert json.loads((out / "summary.json").read_text())["turns_cached"] == sum(cached)
-    assert json.loads((out / "config.json").read_text())["result_cache"] == int(cache)
+    assert json.loads((out / "config.json").read_text())["engine"]["result_cache"] == int(cache)
 
 
 def test_replay_server_has_a_command_line(tmp_path):

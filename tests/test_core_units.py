@@ -319,3 +319,19 @@ def test_timed_outputs_are_copied_into_staging_only_when_the_structure_matches()
         assert not _copy_into(staging, other)
     # nothing was copied by a failed match, even where its first tensor fitted
     assert torch.equal(staging[0], before[0]) and torch.equal(staging[1][0], before[1])
+
+
+def test_status_is_the_enum_and_a_result_s_json_is_unchanged() -> None:
+    """EvalResult.status is a Status (it was a bare string); the JSON of a result is the same text as before."""
+    before = ('{"status": "hacked", "correct": false, "hack_reasons": ["lazy_kernel"], "hack_details": {"lazy_kernel": '
+              '"x"}, "speedup": 1.5, "speedup_ci": null, "timing": null, "correctness": null, "error": {"kind": "K", '
+              '"message": "m", "traceback": ""}, "profile": null, "environment": null, "notes": ["n"], "duration_s": '
+              'null, "phases_s": {"load": 0.5}, "cached": false}')  # EvalResult.to_json() at fd62dd6
+    result = EvalResult.from_json(before)
+    assert result.status is Status.HACKED and result.to_json() == before
+    assert type(result.to_dict()["status"]) is str  # plain JSON values, for any serialiser
+    assert str(result.status) == f"{result.status}" == "hacked"  # printed as its value, not Status.HACKED
+    assert EvalResult(status="timeout").status is Status.TIMEOUT  # given as a string (the judge's JSON)
+    assert EvalResult.failure(Status.CRASHED, "WorkerLost", "m").status is Status.CRASHED
+    with pytest.raises(ValueError):
+        EvalResult(status="not a status")

@@ -19,6 +19,7 @@ import pytest
 
 ray = pytest.importorskip("ray")
 
+from drkernel.errors import UsageError  # noqa: E402
 from drkernel.scheduling.ray_backend import RayBackend, _harness_failed, _resolve  # noqa: E402
 from drkernel.service.client import Client  # noqa: E402
 from drkernel.service.dispatcher import Dispatcher  # noqa: E402
@@ -110,7 +111,7 @@ def test_the_service_on_ray(tmp_path: Path) -> None:
 def test_devices_resolve_against_the_cluster() -> None:
     assert _resolve("auto", {"CPU": 4, "GPU": 2}) == "cuda"
     assert _resolve("auto", {"CPU": 4}) == "cpu"
-    with pytest.raises(RuntimeError, match="no GPU"):
+    with pytest.raises(UsageError, match="no GPU"):  # the arguments do not fit the cluster: exit 2, as before
         _resolve("cuda", {"CPU": 4})
     with pytest.raises(ValueError):
         _resolve("tpu", {"CPU": 4})

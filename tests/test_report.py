@@ -402,5 +402,7 @@ def test_the_report_says_which_precision_rule_each_run_was_judged_by() -> None:
     from drkernel.report.runs import Run
 
     old, new = Run("old", Path("."), [], {}), Run("new", Path("."), [], {"precision": "matched"})
-    note = precision_note([old, new])
+    nested = Run("nested", Path("."), [], {"evaluation": {"precision": "tolerance"}})  # config.json since issue 22
+    note = precision_note([old, new, nested])
     assert "old: tolerance (made before the rule existed)" in note and "new: matched" in note
+    assert "nested: tolerance;" not in note and "nested: tolerance." in note

@@ -198,13 +198,24 @@ def test_cached_evaluations_are_counted_and_recorded(tiny_policy):
     assert (rollout.stats.evaluations, rollout.stats.cached) == (2, 2)
 
 
-def test_the_result_cache_setting_reaches_the_evaluator():
-    from drkernel.train.run import bench_config
+def test_the_evaluation_settings_nest_and_older_flat_keys_still_read():
+    """TrainConfig holds EvalOptions and EngineConfig (it copied their fields); the older flat keys (evaluator,
+    eval_device, eval_cache_entries, ...) still read, into the nested settings."""
+    from drkernel.train.run import validation_bench_config
 
-    assert bench_config(load_config(TINY, ["eval_cache_entries=0"]), "m").result_cache == 0
-    assert bench_config(load_config(TINY, []), "m").result_cache == 4096
-    with pytest.raises(ConfigError, match="eval_cache_entries must be >= 0"):
-        load_config(TINY, ["eval_cache_entries=-1"])
+    config = load_config(TINY, ["engine.result_cache=0", "evaluation.device=cpu", "engine.name=ray:auto"])
+    assert (config.engine.result_cache, config.evaluation.device, config.engine.kind) == (0, "cpu", "ray")
+    older = load_config(TINY, ["eval_cache_entries=0", "eval_device=cpu", "evaluator=ray:auto"])
+    assert (older.engine, older.evaluation) == (config.engine, config.evaluation)
+    assert load_config(TINY, []).engine.result_cache == 4096
+    bench = validation_bench_config(config, "m")
+    assert bench.engine is config.engine and bench.evaluation is config.evaluation  # nested, not copied
+    with pytest.raises(ConfigError, match="engine: result_cache must be >= 0"):
+        load_config(TINY, ["engine.result_cache=-1"])
+    with pytest.raises(ConfigError, match="unknown config key.s. evaluation.bogus; known keys: evaluation.device"):
+        load_config(TINY, ["evaluation.bogus=1"])
+    with pytest.raises(ConfigError, match="engine: the engine must be embedded"):
+        load_config(TINY, ["evaluator=localhost:8000"])
 
 
 # --- training -------------------------------------------------------------------------------------------------
@@ -292,11 +303,11 @@ def test_two_steps_then_resume(tmp_path, monkeypatch, tiny_policy):
                                         "turn_fast_1_2": [0.0, 0.0], "best_of_history_fast_1_2": 0.0}
     from drkernel.agent.records import read_trajectories
 
-    from drkernel.agent.bench import BenchConfig
+    from drkernel.agent.config import BenchConfig
 
     step_dir = out / "validation" / "step_2"
     assert json.loads((step_dir / "summary.json").read_text())["last_turn"]["correct"] == 0.0
-    assert BenchConfig(**json.loads((step_dir / "config.json").read_text())).turns == 2
+    assert BenchConfig.from_dict(json.loads((step_dir / "config.json").read_text())).turns == 2
     records = read_trajectories(step_dir)
     assert sorted((r.task, r.turn, r.status) for r in records) == [
         ("1_vector_add", 1, "correct"), ("1_vector_add", 2, "incorrect"), ("2_relu", 1, "correct"), ("2_relu", 2, "incorrect")]

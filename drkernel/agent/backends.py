@@ -20,6 +20,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Protocol
 
+from drkernel.errors import DrkernelError, UsageError
 from drkernel.tasks.loaders import require
 
 if TYPE_CHECKING:
@@ -30,7 +31,7 @@ RETRY_STATUSES = frozenset({408, 409, 425, 429, 500, 502, 503, 504})
 MAX_RETRY_AFTER_S = 300.0
 
 
-class GenerationError(RuntimeError):
+class GenerationError(DrkernelError, RuntimeError):
     """The model call failed for good for this turn (after retries): the turn is recorded as a generation error."""
 
 
@@ -238,15 +239,19 @@ class HFChatModel:
         gate: DeviceGate | None = None,
     ) -> None:
         if path.startswith(("/", ".", "~")) and not os.path.isdir(os.path.expanduser(path)):
-            raise ValueError(f"hf:{path}: no such folder (expected a model saved with save_pretrained)")
+            raise UsageError(f"hf:{path}: no such folder (expected a model saved with save_pretrained)")
         path = os.path.expanduser(path)
         transformers = require("transformers", "train", "running a local Hugging Face model")
-        self.tokenizer = transformers.AutoTokenizer.from_pretrained(path, padding_side="left")
+        try:
+            self.tokenizer = transformers.AutoTokenizer.from_pretrained(path, padding_side="left")
+            model = transformers.AutoModelForCausalLM.from_pretrained(path)
+        except (OSError, ValueError) as exc:  # no such model, or files transformers cannot read
+            raise UsageError(f"hf:{path} does not load: {exc}") from exc
         if self.tokenizer.chat_template is None:
-            raise ValueError(f"the tokenizer at {path} has no chat template")
+            raise UsageError(f"the tokenizer at {path} has no chat template")
         if self.tokenizer.pad_token is None:
             self.tokenizer.pad_token = self.tokenizer.eos_token
-        self.model = transformers.AutoModelForCausalLM.from_pretrained(path).to(device).eval()
+        self.model = model.to(device).eval()
         self.device = device
         self.gate = gate
         self.max_batch = max_batch

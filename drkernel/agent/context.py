@@ -10,6 +10,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from drkernel.errors import UsageError
+
 POLICY_KINDS = ("full", "last", "topk", "window")
 
 
@@ -22,11 +24,11 @@ class ContextPolicy:
 
     def __post_init__(self) -> None:
         if self.kind not in POLICY_KINDS:
-            raise ValueError(f"context policy must be one of {', '.join(POLICY_KINDS)}, not {self.kind!r}")
+            raise UsageError(f"context policy must be one of {', '.join(POLICY_KINDS)}, not {self.kind!r}")
         if self.kind == "full" and self.k is not None:
-            raise ValueError("the full context policy takes no K")
+            raise UsageError("the full context policy takes no K")
         if self.kind != "full" and (self.k is None or self.k < 1):
-            raise ValueError(f"the {self.kind} context policy needs K >= 1, as in '{self.kind}:4'")
+            raise UsageError(f"the {self.kind} context policy needs K >= 1, as in '{self.kind}:4'")
 
     @classmethod
     def parse(cls, text: str) -> ContextPolicy:
@@ -34,12 +36,10 @@ class ContextPolicy:
         kind, sep, k = text.strip().partition(":")
         if not sep:
             return cls(kind)
-        try:
-            return cls(kind, int(k))
-        except ValueError as exc:
-            if kind in POLICY_KINDS and not k.strip().lstrip("-").isdigit():
-                raise ValueError(f"K in {text!r} must be a whole number") from exc
-            raise
+        if not k.strip().lstrip("-").isdigit():
+            raise UsageError(f"K in {text!r} must be a whole number" if kind in POLICY_KINDS else
+                             f"context policy must be one of {', '.join(POLICY_KINDS)}, not {kind!r}")
+        return cls(kind, int(k))
 
     def __str__(self) -> str:
         return self.kind if self.k is None else f"{self.kind}:{self.k}"

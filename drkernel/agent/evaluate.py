@@ -1,4 +1,5 @@
-"""How the loop (and the trainer) judge code: one `Evaluator` protocol over every evaluation engine.
+"""How the loop (and the trainer, and `drkernel eval`'s batches) judge code: one `Evaluator` protocol over every
+evaluation engine, opened by `open_evaluator` from the engine's name (drkernel.scheduling.engine).
 
 The embedded `Scheduler` and the Ray backend hand back concurrent futures that `asyncio.wrap_future` awaits without
 a thread per evaluation; the service has an async client. Either way, many trajectories wait on the evaluator at
@@ -8,8 +9,12 @@ once and the evaluator's own queue decides what runs, so the loop adds no serial
 from __future__ import annotations
 
 import asyncio
+import os
+from collections.abc import Callable
 from typing import Any, Protocol
 
+from drkernel.errors import EngineError
+from drkernel.scheduling.engine import EngineConfig, open_backend
 from drkernel.scheduling.scheduler import Backend
 from drkernel.schema import EvalOptions, EvalRequest, EvalResult
 from drkernel.tasks import Task
@@ -42,4 +47,16 @@ class ServiceEvaluator:
         try:
             return await self.client.evaluate(task.code, code, self.options.to_dict(), timeout=self.timeout_s)
         except httpx.HTTPError as exc:  # the service is down or unreachable: no verdict can be had
-            raise RuntimeError(f"the evaluation service failed: {type(exc).__name__}: {exc}") from exc
+            raise EngineError(f"the evaluation service failed: {type(exc).__name__}: {exc}") from exc
+
+
+def open_evaluator(engine: EngineConfig, options: EvalOptions) -> tuple[Evaluator, Callable[[], Any]]:
+    """The evaluator of `engine`, judging with `options`, and how to close it: a call whose result, for the
+    service's client, is a coroutine to await in the event loop that used it."""
+    if engine.kind == "service":
+        from drkernel.service.client import AsyncClient
+
+        client = AsyncClient(engine.name, token=os.environ.get(engine.token_env))
+        return ServiceEvaluator(client, options), client.close
+    backend = open_backend(engine, options.device)
+    return BackendEvaluator(backend, options), backend.close

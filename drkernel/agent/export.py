@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from drkernel.agent.records import TurnRecord
+from drkernel.schema import Status
 
 
 @dataclass(frozen=True)
@@ -26,7 +27,7 @@ class SftFilter:
     def keeps(self, record: TurnRecord) -> bool:
         if record.code is None or record.result is None:
             return False
-        if record.result.get("hack_reasons") or record.status == "hacked":
+        if record.result.get("hack_reasons") or record.status == Status.HACKED:
             return False
         if self.require_correct and not record.correct:
             return False

@@ -32,6 +32,7 @@ from drkernel.agent.records import (
     by_trajectory,
     read_trajectories,
 )
+from drkernel.errors import UsageError
 from drkernel.rl import RewardConfig, reward
 from drkernel.schema import EvalResult
 from drkernel.tasks import Task
@@ -51,7 +52,7 @@ class LoopConfig:
 
     def __post_init__(self) -> None:
         if self.samples < 1 or self.turns < 1 or self.concurrency < 1:
-            raise ValueError("samples, turns and concurrency must be at least 1")
+            raise UsageError("samples, turns and concurrency must be at least 1")
 
 
 @dataclass
@@ -139,7 +140,7 @@ async def _turn(
 class JudgedAnswer:
     code: str | None  # the python block judged; None: the answer had none (status FORMAT_ERROR, reward 0)
     result: EvalResult | None
-    status: str
+    status: str  # the result's Status, or FORMAT_ERROR
     reward: float
     feedback: str  # the message the next turn shows the model
 

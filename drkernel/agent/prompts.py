@@ -12,6 +12,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from drkernel.errors import UsageError
 from drkernel.feedback import render
 from drkernel.schema import EvalResult
 
@@ -58,10 +59,10 @@ class PromptTemplates:
 
     def __post_init__(self) -> None:
         if self.max_feedback_chars < 200:
-            raise ValueError(f"max_feedback_chars must be at least 200, not {self.max_feedback_chars}")
+            raise UsageError(f"max_feedback_chars must be at least 200, not {self.max_feedback_chars}")
         for name, placeholder in (("first_turn", "{reference}"), ("feedback", "{feedback}")):
             if placeholder not in getattr(self, name):
-                raise ValueError(f"the {name} template must contain {placeholder}")
+                raise UsageError(f"the {name} template must contain {placeholder}")
 
     @classmethod
     def from_file(cls, path: str | Path) -> PromptTemplates:
@@ -77,15 +78,15 @@ class PromptTemplates:
 
                 data = tomllib.loads(text)
         except ImportError as exc:
-            raise ValueError(f"{path}: TOML templates need Python 3.11+; write them as a .json file") from exc
+            raise UsageError(f"{path}: TOML templates need Python 3.11+; write them as a .json file") from exc
         except (OSError, UnicodeDecodeError, ValueError) as exc:  # TOMLDecodeError and JSONDecodeError too
-            raise ValueError(f"cannot read prompt templates from {path}: {exc}") from exc
+            raise UsageError(f"cannot read prompt templates from {path}: {exc}") from exc
         if not isinstance(data, dict):
-            raise ValueError(f"{path}: expected a table of templates, not {type(data).__name__}")
+            raise UsageError(f"{path}: expected a table of templates, not {type(data).__name__}")
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(data) - known)
         if unknown:
-            raise ValueError(f"{path}: unknown template key(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+            raise UsageError(f"{path}: unknown template key(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
         return cls(**data)
 
 

@@ -17,6 +17,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, TextIO, TypeVar
 
+from drkernel.errors import UsageError
+
 TRAJECTORIES = "trajectories.jsonl"
 GENERATION_ERRORS = "generation_errors.jsonl"
 CONFIG = "config.json"
@@ -99,7 +101,7 @@ def read_generation_errors(run_dir: str | Path) -> list[GenerationErrorRecord]:
 def read_jsonl_lines(path: Path, what: str = "JSON") -> tuple[list[tuple[int, Any]], int | None]:
     """(1-based line number, value) of each non-empty line of a file that a run appends to, and the number of a
     partial last line that was skipped (a write cut short by a kill, or still under way), else None. Any other line
-    that is not JSON is a ValueError naming the file, the line and `what` it should have been."""
+    that is not JSON is a UsageError naming the file, the line and `what` it should have been."""
     lines = path.read_text().split("\n")
     rows = []
     for number, line in enumerate(lines, 1):
@@ -110,7 +112,7 @@ def read_jsonl_lines(path: Path, what: str = "JSON") -> tuple[list[tuple[int, An
         except json.JSONDecodeError as exc:
             if number == len(lines):  # written without its newline: the write was cut short
                 return rows, number
-            raise ValueError(f"{path}:{number}: not {what}: {exc}") from exc
+            raise UsageError(f"{path}:{number}: not {what}: {exc}") from exc
     return rows, None
 
 
@@ -122,7 +124,7 @@ def _read_rows(path: Path, kind: type[Record], what: str) -> list[Record]:
         try:
             records.append(kind.from_dict(row))
         except (TypeError, AttributeError) as exc:  # JSON, but not an object with the record's fields
-            raise ValueError(f"{path}:{number}: not {what}: {exc}") from exc
+            raise UsageError(f"{path}:{number}: not {what}: {exc}") from exc
     return records
 
 

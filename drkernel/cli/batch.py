@@ -2,18 +2,23 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from drkernel.schema import EvalOptions, EvalRequest, EvalResult
-from drkernel.tasks import TaskLoadError, load_candidates, load_tasks, pair_candidates, select_tasks
+from drkernel.cli.common import INTERPRETER_NOTE
+from drkernel.errors import UsageError
+from drkernel.agent.evaluate import open_evaluator
+from drkernel.scheduling.engine import EngineConfig
+from drkernel.schema import EvalOptions, EvalResult
+from drkernel.tasks import Task, load_candidates, load_tasks, pair_candidates, select_tasks
 
 
 def run_batch(
@@ -23,33 +28,25 @@ def run_batch(
     levels: list[int] | None,
     names: list[str] | None,
     out: Path | None,
-    workers: int | None,
-    ray_address: str | None,
+    engine: EngineConfig,
 ) -> None:
-    from drkernel.cli.main import fail
-
-    try:
-        all_tasks = load_tasks(tasks_spec)
-        chosen = {t.key for t in select_tasks(all_tasks, levels=levels or None, names=names or None)}
-        pairs = [(t, c) for t, c in pair_candidates(all_tasks, load_candidates(candidates_spec)) if t.key in chosen]
-    except (TaskLoadError, OSError) as exc:
-        raise fail(str(exc))
+    all_tasks = load_tasks(tasks_spec)
+    chosen = {t.key for t in select_tasks(all_tasks, levels=levels or None, names=names or None)}
+    pairs = [(t, c) for t, c in pair_candidates(all_tasks, load_candidates(candidates_spec)) if t.key in chosen]
     if not pairs:
-        raise fail("no candidate answers the selected tasks")
+        raise UsageError("no candidate answers the selected tasks")
     if out is not None:
         try:
             out.parent.mkdir(parents=True, exist_ok=True)
             sink = out.open("w")
         except OSError as exc:
-            raise fail(f"cannot write {out}: {exc}")
-    requests = [EvalRequest(t.code, c.code, options, task_name=t.key) for t, c in pairs]
-    backend = _backend(options.device, workers, ray_address)
+            raise UsageError(f"cannot write {out}: {exc}") from exc
     console = Console(stderr=True)
     rows: list[dict[str, Any]] = [{} for _ in pairs]
     try:
         with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                       console=console, transient=False) as progress:
-            bar = progress.add_task("evaluating", total=len(requests))
+            bar = progress.add_task("evaluating", total=len(pairs))
 
             def done(index: int, result: EvalResult) -> None:
                 task, cand = pairs[index]
@@ -59,9 +56,8 @@ def run_batch(
                     sink.flush()
                 progress.update(bar, advance=1, description=f"{cand.id}: {result.status}")
 
-            results = _evaluate_all(backend, requests, done)
+            results = asyncio.run(evaluate_all(engine, options, [(t, c.code) for t, c in pairs], done))
     finally:
-        backend.close()
         if out is not None:
             sink.close()
     Console().print(results_table(rows))
@@ -70,27 +66,23 @@ def run_batch(
         console.print(f"results: {out}")
 
 
-def _backend(device: str, workers: int | None, ray_address: str | None, cache: bool = True) -> Any:
-    """`cache=False` for the service: its store is the result cache, under the same key."""
-    from drkernel.cli.main import fail
+async def evaluate_all(engine: EngineConfig, options: EvalOptions, pairs: list[tuple[Task, str]],
+                       done: Callable[[int, EvalResult], None] | None = None) -> list[EvalResult]:
+    """Every (task, code) judged at once by the engine, whose own queue orders the work; `done` as each ends."""
+    evaluator, close = open_evaluator(engine, options)
+
+    async def judge(index: int, task: Task, code: str) -> EvalResult:
+        result = await evaluator.evaluate(task, code)
+        if done is not None:
+            done(index, result)
+        return result
 
     try:
-        if ray_address:
-            from drkernel.scheduling.ray_backend import RayBackend
-
-            return RayBackend(address=ray_address, device=device)
-        from drkernel.scheduling.scheduler import Scheduler
-
-        return Scheduler(device=device, workers=workers, **({} if cache else {"cache_entries": 0}))
-    except (RuntimeError, ValueError, ImportError) as exc:
-        raise fail(str(exc))
-
-
-def _evaluate_all(backend: Any, requests: list[EvalRequest], done: Any) -> list[EvalResult]:
-    futures = [backend.submit(r) for r in requests]
-    for index, future in enumerate(futures):
-        future.add_done_callback(lambda f, i=index: done(i, f.result()))
-    return [f.result() for f in futures]
+        return list(await asyncio.gather(*(judge(i, task, code) for i, (task, code) in enumerate(pairs))))
+    finally:
+        closed = close()
+        if asyncio.iscoroutine(closed):
+            await closed
 
 
 def results_table(rows: list[dict[str, Any]]) -> Table:
@@ -123,7 +115,5 @@ def summary_table(results: list[EvalResult]) -> Table:
     for status, count in sorted(Counter(r.status for r in results).items()):
         table.add_row(f"status {status}", str(count))
     if any(r.environment and r.environment.interpreter for r in results):
-        from drkernel.cli.bench import INTERPRETER_NOTE
-
         table.caption = INTERPRETER_NOTE
     return table

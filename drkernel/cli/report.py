@@ -8,6 +8,9 @@ from typing import Optional
 import typer
 from rich.markup import escape
 
+from drkernel.cli.common import err, flag
+from drkernel.errors import UsageError
+
 
 def report_command(
     run_dirs: list[Path] = typer.Argument(..., help="Run folders: bench runs (trajectories.jsonl) or training runs "
@@ -15,21 +18,15 @@ def report_command(
     out: Path = typer.Option(..., "--out", "-o", help="Folder to write report.html, report.md, figures/, tables/."),
     published: Optional[list[Path]] = typer.Option(
         None, "--published", help="More published numbers (JSON or YAML, see docs/report.md); repeatable."),
-    no_paper: bool = typer.Option(False, "--no-paper", help="Leave out the Dr. Kernel paper's published numbers."),
+    no_paper: bool = flag("--no-paper", help="Leave out the Dr. Kernel paper's published numbers."),
 ) -> None:
     """Report runs (still going or finished) side by side with published numbers."""
-    from drkernel.cli.main import err, fail
     from drkernel.report import write_report
-    from drkernel.report.published import PublishedError
-    from drkernel.report.runs import RunReadError
-    from drkernel.tasks import TaskLoadError
 
     try:
         report = write_report(run_dirs, out, published or [], paper=not no_paper)
-    except (RunReadError, PublishedError, TaskLoadError) as exc:
-        raise fail(str(exc))
     except OSError as exc:
-        raise fail(f"cannot write the report under {out}: {exc}")
+        raise UsageError(f"cannot write the report under {out}: {exc}") from exc
     for run in report.runs:
         for note in run.notes:
             err.print(escape(f"{run.name}: {note}"))

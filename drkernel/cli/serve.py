@@ -10,32 +10,42 @@ import ipaddress
 import os
 import socket
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 import typer
+
+from drkernel.cli.common import engine_settings, err
+from drkernel.cli.options import Fields, config_options
+from drkernel.errors import UsageError
+from drkernel.scheduling.engine import EngineConfig, open_backend
+from drkernel.schema import EvalOptions
 
 DEFAULT_STORE = Path.home() / ".cache" / "drkernel" / "service.db"
 
 
+@config_options(Fields(EvalOptions, ("device",), "evaluation"), Fields(EngineConfig, ("name", "workers"), "engine"))
 def serve_command(
+    settings: dict[str, Any],
     host: str = typer.Option("127.0.0.1", "--host", help="Address to bind; non-loopback needs a token."),
     port: int = typer.Option(8000, "--port", min=1, max=65535),
-    device: str = typer.Option("auto", "--device", help="auto, cpu or cuda; auto picks cuda when a GPU is visible."),
-    workers: Optional[int] = typer.Option(None, "--workers", min=1, help="Parallel workers (default: one per GPU)."),
     store: Path = typer.Option(DEFAULT_STORE, "--store", help="SQLite file of submissions and results."),
-    ray: Optional[str] = typer.Option(None, "--ray", help="Evaluate on a Ray cluster: its address, or 'auto'."),
+    ray: Optional[str] = typer.Option(None, "--ray", hidden=True, help="The older --engine ray:ADDRESS."),
     token_env: str = typer.Option("DRKERNEL_TOKEN", "--token-env",
                                   help="Environment variable holding the bearer token clients must send."),
     retention_days: float = typer.Option(30.0, "--retention-days", min=0.0,
                                          help="Delete finished evaluations older than this; 0 keeps them all."),
 ) -> None:
-    """Serve evaluations over HTTP: /v1/evaluations, KernelGYM's /evaluate, /metrics, /docs."""
-    from drkernel.cli.main import err, fail
-
+    """Serve evaluations over HTTP: /v1/evaluations, KernelGYM's /evaluate, /metrics, /docs; the engine is embedded
+    or a Ray cluster."""
+    engine = EngineConfig.from_dict(engine_settings(settings, ray=ray))
+    device = EvalOptions.from_dict(settings.get("evaluation")).device
+    if engine.kind == "service":
+        raise UsageError(f"serve evaluates on this machine or a Ray cluster: --engine embedded or ray:..., not "
+                         f"the service {engine.name}")
     token = os.environ.get(token_env) or None
     if token is None and not is_loopback(host):
-        raise fail(f"refusing to serve on {host} without a token: anyone who reaches it could run code here. "
-                   f"Set {token_env} (clients then send 'Authorization: Bearer <token>'), or bind to 127.0.0.1.")
+        raise UsageError(f"refusing to serve on {host} without a token: anyone who reaches it could run code here. "
+                         f"Set {token_env} (clients then send 'Authorization: Bearer <token>'), or bind to 127.0.0.1.")
     if token is None:
         err.print(f"[yellow]no token in ${token_env}:[/yellow] serving on loopback ({host}) only, without "
                   "authentication; every local user can submit.")
@@ -46,14 +56,12 @@ def serve_command(
         from drkernel.service.dispatcher import Dispatcher
         from drkernel.service.store import Store
     except ImportError as exc:
-        raise fail(f"the service needs its extra: pip install 'drkernel[serve]' ({exc})")
-    from drkernel.cli.batch import _backend
-
+        raise UsageError(f"the service needs its extra: pip install 'drkernel[serve]' ({exc})") from exc
     try:  # before the workers start: a port in use is a usage error, not a failure after a long start
         socket.create_server((host, port)).close()
     except OSError as exc:
-        raise fail(f"cannot listen on {host}:{port}: {exc}")
-    backend = _backend(device, workers, ray, cache=False)
+        raise UsageError(f"cannot listen on {host}:{port}: {exc}") from exc
+    backend = open_backend(engine, device, cache=False)  # the store is the result cache, under the same key
     dispatcher = Dispatcher(Store(store), backend, backend.device,
                             retention_s=retention_days * 86400 if retention_days > 0 else None)
     err.print(f"store: {store}; device: {backend.device}; workers: {len(backend.workers())}")

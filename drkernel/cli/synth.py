@@ -15,7 +15,9 @@ from typing import Any, Optional
 
 import typer
 
-from drkernel.tasks.synthetic import SPLITS, SyntheticError, SyntheticTask, generate
+from drkernel.cli.common import err
+from drkernel.errors import UsageError
+from drkernel.tasks.synthetic import SPLITS, SyntheticTask, generate
 from drkernel.tasks.synthetic_solutions import VARIANTS, solutions
 
 
@@ -36,25 +38,20 @@ def synth_command(
                                  help="Solutions to write, comma-separated; empty for none."),
 ) -> None:
     """Write a split of the synthetic task family and its graded reference solutions."""
-    from drkernel.cli.main import err, fail
-
     wanted = [v for v in variants.split(",") if v]
     unknown = sorted(set(wanted) - set(VARIANTS))
     if unknown:
-        raise fail(f"unknown variant(s) {', '.join(unknown)}; variants: {', '.join(VARIANTS)}")
-    try:
-        tasks = generate(split, n, seed, shape_scale, level)
-    except SyntheticError as exc:
-        raise fail(str(exc))
+        raise UsageError(f"unknown variant(s) {', '.join(unknown)}; variants: {', '.join(VARIANTS)}")
+    tasks = generate(split, n, seed, shape_scale, level)
     targets = [out / "manifest.json"] + (
         [out / "tasks", out / "solutions"] if fmt is Format.folder else [out / "tasks.jsonl", out / "solutions.jsonl"])
     present = [str(path) for path in targets if path.exists()]
     if present:
-        raise fail(f"{', '.join(present)} already exist(s); choose another --out")
+        raise UsageError(f"{', '.join(present)} already exist(s); choose another --out")
     try:
         written = write_split(tasks, out, fmt, wanted)
     except OSError as exc:
-        raise fail(f"cannot write to {out}: {exc}")
+        raise UsageError(f"cannot write to {out}: {exc}") from exc
     manifest = {"split": split, "n": n, "seed": seed, "shape_scale": shape_scale, "level": level,
                 "variants": wanted, "tasks": [_describe(task) for task in tasks]}
     (out / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")

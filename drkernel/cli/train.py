@@ -10,34 +10,32 @@ from typing import Optional
 
 import typer
 
+from drkernel.cli.common import err, flag
+from drkernel.errors import UsageError
+
 
 def train_command(
     config: Optional[Path] = typer.Option(None, "--config", help="A YAML file of TrainConfig fields."),
     overrides: Optional[list[str]] = typer.Option(None, "--set", help="key=value, overriding the file; repeatable."),
-    resume: bool = typer.Option(False, "--resume", help="Continue from the last checkpoint in output_dir."),
+    resume: bool = flag("--resume", help="Continue from the last checkpoint in output_dir."),
     log_samples: Optional[Path] = typer.Option(
         None, "--log-samples", help="JSONL: one line per (step, prompt, sample, turn) with its advantage and kept."
     ),
 ) -> None:
     """Train a policy with the Dr. Kernel recipe (TRLOO, PR, PRS, MRS) on KernelGym rewards."""
-    from drkernel.cli.main import err, fail
-    from drkernel.tasks.loaders import TaskLoadError
+    from drkernel.train.config import load_config
 
-    try:
-        from drkernel.train.config import ConfigError, load_config
+    settings = list(overrides or []) + ([f"log_samples={log_samples}"] if log_samples else [])
+    cfg = load_config(config, settings)
+    from drkernel.train.rollout import EvaluatorUnavailable
+    from drkernel.train.run import last_checkpoint, train
 
-        settings = list(overrides or []) + ([f"log_samples={log_samples}"] if log_samples else [])
-        cfg = load_config(config, settings)
-        from drkernel.train.rollout import EvaluatorUnavailable, TemplateMismatch
-        from drkernel.train.run import last_checkpoint, train
-    except (ConfigError, TaskLoadError) as exc:
-        raise fail(str(exc))
     try:
         trainer = train(cfg, resume=resume)
-    except (ConfigError, TaskLoadError, TemplateMismatch, ImportError) as exc:  # ImportError: e.g. use_vllm without vLLM
-        raise fail(str(exc))
+    except ImportError as exc:  # an optional package a setting needs, e.g. use_vllm without vLLM
+        raise UsageError(str(exc)) from exc
     except EvaluatorUnavailable as exc:
         checkpoint = last_checkpoint(cfg.output_dir)
         where = f"the last checkpoint {checkpoint} is intact; rerun with --resume" if checkpoint else "no checkpoint yet"
-        raise fail(f"the training step failed: {exc}; {where}")
+        raise EvaluatorUnavailable(f"the training step failed: {exc}; {where}") from exc
     err.print(f"trained {trainer.state.global_step} steps; metrics in {Path(cfg.output_dir) / 'metrics.jsonl'}")

@@ -34,6 +34,7 @@ from drkernel.agent.context import ContextPolicy, ShownTurn, build_messages
 from drkernel.agent.evaluate import Evaluator
 from drkernel.agent.loop import judge_answer
 from drkernel.agent.prompts import PromptTemplates, first_turn_prompt
+from drkernel.errors import UsageError
 from drkernel.rl import RewardConfig
 from drkernel.tasks import Task
 
@@ -71,7 +72,7 @@ class EpisodeConfig:
             raise ValueError(f"an episode has at least one turn, not {self.turns}")
 
 
-class EpisodeError(ValueError):
+class EpisodeError(UsageError):
     """The client asked for something the episode cannot do (an unknown task, a step before reset or after the
     end): nothing is judged, nothing is lost."""
 

@@ -179,8 +179,13 @@ def _html(report: Report) -> str:
 def precision_note(runs: list[Run]) -> str:
     """Which precision rule each run's verdicts were made under (EvalOptions.precision, kept in its config.json): a
     run made before drkernel had the rule was judged by tolerance alone."""
-    rules = [f"{run.turns_name}: {run.config.get('precision', 'tolerance (made before the rule existed)')}"
-             for run in runs]
+    rules = [f"{run.turns_name}: {_rule(run.config)}" for run in runs]
     return ("Precision rule of the verdicts: " + "; ".join(rules) + ". Under `matched` a speedup bought with lower "
             "precision than the reference's is hacked; under `tolerance` it counts, as in KernelBench and the paper's "
             "published numbers.")
+
+
+def _rule(config: dict[str, Any]) -> str:
+    """The precision rule in a config.json: under `evaluation`, or at the top in one written before it nested."""
+    evaluation = config.get("evaluation") if isinstance(config.get("evaluation"), dict) else config
+    return evaluation.get("precision") or "tolerance (made before the rule existed)"

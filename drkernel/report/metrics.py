@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from drkernel.agent.records import FORMAT_ERROR
 from drkernel.report.runs import Turn
 from drkernel.rl.metrics import (
     fast_p,
@@ -23,13 +24,11 @@ from drkernel.rl.metrics import (
     geometric_mean_speedup,
     pass_at_k,
 )
-from drkernel.schema import EvalOptions
+from drkernel.schema import EvalOptions, Status
 
 FAST_P = (0.0, 1.0, 1.2, 1.5, 2.0)  # the level table's thresholds
 CURVE_P = (1.0, 1.2)  # the per-turn curves' thresholds
-OUTCOME_ORDER = (
-    "correct", "incorrect", "compile_error", "runtime_error", "timeout", "crashed", "invalid", "format_error",
-)
+OUTCOME_ORDER = (*(status.value for status in Status if status is not Status.HACKED), FORMAT_ERROR)
 
 
 @dataclass
@@ -145,7 +144,7 @@ def turn_curves(run: str, traj: Trajectories) -> TurnCurves:
 
 def outcome(turn: Turn) -> str:
     """The turn's outcome category: its status, with hacked split by its first hack reason."""
-    if turn.status == "hacked":
+    if turn.status == Status.HACKED:
         return f"hacked: {turn.hack_reasons[0] if turn.hack_reasons else 'no reason given'}"
     return turn.status
 

@@ -13,6 +13,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from drkernel.errors import UsageError
+
 PAPER = "dr_kernel_paper.json"
 NOT_MEASURED = "published, not measured here"
 # metric key -> (kind, p): kind "level" for the level table, "last" / "best" for the per-turn figure
@@ -29,7 +31,7 @@ METRICS: dict[str, tuple[str, float]] = {
 }
 
 
-class PublishedError(ValueError):
+class PublishedError(UsageError):
     """A published-numbers file cannot be used; the message says why."""
 
 

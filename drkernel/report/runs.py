@@ -17,13 +17,14 @@ from pathlib import Path
 from typing import Any
 
 from drkernel.agent.records import GENERATION_ERRORS, TRAJECTORIES, read_jsonl_lines
+from drkernel.errors import UsageError
 from drkernel.rl import measured_coverage
 
 METRICS = "metrics.jsonl"
 REQUIRED_FIELDS = ("task", "level", "sample", "turn", "status", "result", "reward", "code")
 
 
-class RunReadError(ValueError):
+class RunReadError(UsageError):
     """A run directory or one of its files cannot be used; the message names the file and the line."""
 
 

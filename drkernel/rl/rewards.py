@@ -93,7 +93,7 @@ def reward(result: EvalResult | Mapping[str, Any], config: RewardConfig | None =
     """
     config = config or RewardConfig()
     correct, status, hack_reasons, speedup, profile = _fields(result)
-    if not correct or status == Status.HACKED.value or hack_reasons:
+    if not correct or status == Status.HACKED or hack_reasons:
         return 0.0
     value = config.base
     if speedup is not None and not math.isnan(speedup):

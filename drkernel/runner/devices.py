@@ -9,6 +9,8 @@ from __future__ import annotations
 import os
 import subprocess
 
+from drkernel.errors import UsageError
+
 
 def discover_gpus() -> list[str]:
     """GPUs this machine offers, found without initialising CUDA in this process."""
@@ -27,9 +29,9 @@ def discover_gpus() -> list[str]:
 
 def resolve_device(device: str) -> str:
     if device not in ("auto", "cpu", "cuda"):
-        raise ValueError(f"device must be auto, cpu or cuda, not {device!r}")
+        raise UsageError(f"device must be auto, cpu or cuda, not {device!r}")
     if device == "auto":
         return "cuda" if discover_gpus() else "cpu"
     if device == "cuda" and not discover_gpus():
-        raise RuntimeError("--device cuda was asked for, but no GPU is visible (nvidia-smi finds none)")
+        raise UsageError("--device cuda was asked for, but no GPU is visible (nvidia-smi finds none)")
     return device

@@ -12,6 +12,8 @@ import time
 from dataclasses import dataclass, field
 from typing import IO, Any
 
+from drkernel.errors import EngineError
+
 READY_TIMEOUT_S = 120.0
 
 # Passed to the sandbox; everything else in the supervisor's environment (tokens, keys, cloud credentials) is not.
@@ -56,8 +58,8 @@ def _take_event(job: JobHandle, event: dict[str, Any]) -> None:
         job.result, job.result_at = event["result"], time.monotonic()
 
 
-class ForkServerDied(RuntimeError):
-    pass
+class ForkServerDied(EngineError):
+    """The fork server every evaluation starts from is gone."""
 
 
 class ForkServer:

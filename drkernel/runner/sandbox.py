@@ -24,6 +24,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 
+from drkernel.errors import EngineError
 from drkernel.sandbox import procfs
 from drkernel.sandbox.gate import GATE_FILE
 from drkernel.runner.forkserver import ForkServer, ForkServerDied, JobHandle
@@ -35,8 +36,8 @@ OUTPUT_TAIL_CHARS = 3000
 GPU_OVERLAP = 3  # evaluations running at once on one GPU: checking correctness together, timing one at a time
 
 
-class _NeverStarted(Exception):
-    pass
+class _NeverStarted(EngineError):
+    """The evaluation process did not start."""
 
 
 @dataclass
@@ -184,7 +185,7 @@ class Sandbox:
             return result
         if outcome == "timeout":
             result = _crashed("Timeout", f"the evaluation exceeded its {timeout_s:g} s time limit", workdir)
-            result.status = Status.TIMEOUT.value
+            result.status = Status.TIMEOUT
             return result
         if outcome == "memory":
             return _crashed("MemoryLimit", f"the evaluation exceeded its host memory limit of {memory_mb} MB",
@@ -270,7 +271,7 @@ def _crashed_by_status(status: int | None, workdir: Path) -> EvalResult:
 
 def _crashed(kind: str, message: str, workdir: Path) -> EvalResult:
     return EvalResult(
-        status=Status.CRASHED.value,
+        status=Status.CRASHED,
         error=ErrorInfo(kind=kind, message=message, traceback=_output_tail(workdir)),
     )
 

@@ -25,9 +25,7 @@ DEFAULT_ENTRIES = 4096  # results are a few kB each: a few tens of MB at most
 # TIMEOUT and CRASHED are left out: they mix the candidate's behaviour with the machine's state (load, memory
 # caps, a killed worker), so a rerun may well end differently.
 REPRODUCIBLE_STATUSES = frozenset(
-    s.value
-    for s in (Status.CORRECT, Status.INCORRECT, Status.HACKED, Status.COMPILE_ERROR, Status.RUNTIME_ERROR,
-              Status.INVALID)
+    {Status.CORRECT, Status.INCORRECT, Status.HACKED, Status.COMPILE_ERROR, Status.RUNTIME_ERROR, Status.INVALID}
 )
 # Error kinds that blame the harness, not the candidate: the scheduler's lost worker, the sandbox's set-up, a
 # backend that raised (drkernel.service.dispatcher).

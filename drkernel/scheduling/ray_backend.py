@@ -26,6 +26,7 @@ from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass, field
 from typing import Any
 
+from drkernel.errors import EngineError, UsageError
 from drkernel.runner.sandbox import DeviceQueue, Sandbox, memory_share_mb
 from drkernel.scheduling.scheduler import JOBS_PER_WORKER
 from drkernel.schema import ErrorInfo, EvalRequest, EvalResult, Status
@@ -109,7 +110,7 @@ class RayBackend:
             try:
                 ray.init(address=address, log_to_driver=False, include_dashboard=False)
             except ConnectionError as exc:
-                raise RuntimeError(f"cannot reach the Ray cluster at {address!r}: {exc}") from exc
+                raise EngineError(f"cannot reach the Ray cluster at {address!r}: {exc}") from exc
         resources = ray.cluster_resources()
         self.device = _resolve(device, resources)
         if self.device == "cuda":
@@ -118,7 +119,7 @@ class RayBackend:
             resource, per_actor, options = "CPU", num_cpus_per_eval, {"num_cpus": num_cpus_per_eval}
         count = int(resources.get(resource, 0) // per_actor)
         if count < 1:
-            raise RuntimeError(f"the Ray cluster has no room for one evaluation ({options}): {resources}")
+            raise EngineError(f"the Ray cluster has no room for one evaluation ({options}): {resources}")
         remote = ray.remote(EvaluationActor).options(
             max_restarts=MAX_RESTARTS, max_task_retries=MAX_TASK_RETRIES, max_concurrency=JOBS_PER_ACTOR, **options
         )
@@ -130,7 +131,7 @@ class RayBackend:
         except ray.exceptions.GetTimeoutError as exc:
             for actor in self._actors:
                 ray.kill(actor.handle)
-            raise RuntimeError(f"the Ray cluster did not start {count} evaluation actors ({options}) within "
+            raise EngineError(f"the Ray cluster did not start {count} evaluation actors ({options}) within "
                                f"{ACTOR_START_TIMEOUT_S:g} s") from exc
         for actor, info in zip(self._actors, infos):
             actor.seen(info)
@@ -206,10 +207,10 @@ class RayBackend:
 
 def _resolve(device: str, resources: dict[str, float]) -> str:
     if device not in ("auto", "cpu", "cuda"):
-        raise ValueError(f"device must be auto, cpu or cuda, not {device!r}")
+        raise UsageError(f"device must be auto, cpu or cuda, not {device!r}")
     gpus = resources.get("GPU", 0) >= 1
     if device == "cuda" and not gpus:
-        raise RuntimeError("device cuda was asked for, but the Ray cluster offers no GPU")
+        raise UsageError("device cuda was asked for, but the Ray cluster offers no GPU")
     return device if device != "auto" else ("cuda" if gpus else "cpu")
 
 
@@ -219,4 +220,4 @@ def _harness_failed(error: BaseException) -> EvalResult:
         kind, message = "WorkerLost", f"the Ray actor was lost and Ray's retries are spent: {error!r}"
     else:
         kind, message = "SandboxError", f"the evaluation actor failed: {error!r}"
-    return EvalResult(status=Status.CRASHED.value, error=ErrorInfo(kind=kind, message=message))
+    return EvalResult(status=Status.CRASHED, error=ErrorInfo(kind=kind, message=message))

@@ -284,7 +284,7 @@ def _lines(stream: IO[bytes]) -> Iterator[bytes]:
 
 def _worker_lost(job: _Job, returncode: int | None) -> EvalResult:
     return EvalResult(
-        status=Status.CRASHED.value,
+        status=Status.CRASHED,
         error=ErrorInfo(
             kind="WorkerLost",
             message=f"the worker process died {job.attempts} time(s) while holding this evaluation "

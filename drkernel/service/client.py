@@ -16,12 +16,13 @@ from typing import Any, Iterable
 
 import httpx
 
+from drkernel.errors import EngineError
 from drkernel.schema import EvalResult
 from drkernel.service import MAX_WAIT_S
 TIMEOUT_MARGIN_S = 30.0  # beyond a long-poll's own wait, for the request itself
 
 
-class ServiceError(RuntimeError):
+class ServiceError(EngineError):
     def __init__(self, status_code: int, message: str) -> None:
         super().__init__(f"HTTP {status_code}: {message}")
         self.status_code, self.message = status_code, message

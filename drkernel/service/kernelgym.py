@@ -31,13 +31,13 @@ KernelGymStatus = Literal["pending", "processing", "completed", "failed", "timeo
 REFERENCE_MODES = {None: "eager", "pytorch": "eager", "eager": "eager", "torch_compile": "compile",
                    "compile": "compile"}  # KernelGYM's reference_backend -> our reference_mode
 ERROR_CODES = {  # KernelGYM's ErrorCode values
-    Status.INCORRECT.value: "CORRECTNESS_ERROR",
-    Status.HACKED.value: "CORRECTNESS_ERROR",
-    Status.COMPILE_ERROR.value: "COMPILATION_ERROR",
-    Status.RUNTIME_ERROR.value: "RUNTIME_ERROR",
-    Status.TIMEOUT.value: "RUNTIME_TIMEOUT",
-    Status.CRASHED.value: "RUNTIME_ERROR",
-    Status.INVALID.value: "VALIDATION_ERROR",
+    Status.INCORRECT: "CORRECTNESS_ERROR",
+    Status.HACKED: "CORRECTNESS_ERROR",
+    Status.COMPILE_ERROR: "COMPILATION_ERROR",
+    Status.RUNTIME_ERROR: "RUNTIME_ERROR",
+    Status.TIMEOUT: "RUNTIME_TIMEOUT",
+    Status.CRASHED: "RUNTIME_ERROR",
+    Status.INVALID: "VALIDATION_ERROR",
 }
 
 
@@ -161,9 +161,9 @@ def response(task_id: str, record: Record) -> KernelGymResponse:
     return KernelGymResponse(
         task_id=task_id,
         status=_status(result),
-        compiled=result.status not in (Status.COMPILE_ERROR.value, Status.INVALID.value) and not _failed(result),
+        compiled=result.status not in (Status.COMPILE_ERROR, Status.INVALID) and not _failed(result),
         correctness=result.correct,
-        decoy_kernel=result.status == Status.HACKED.value,
+        decoy_kernel=result.status == Status.HACKED,
         reference_runtime=reference_ms if result.correct and reference_ms is not None else -1.0,
         kernel_runtime=kernel_ms if kernel_ms is not None else -1.0,
         speedup=result.speedup if result.correct and result.speedup is not None else 0.0,
@@ -186,12 +186,12 @@ def response(task_id: str, record: Record) -> KernelGymResponse:
 def _status(result: EvalResult) -> KernelGymStatus:
     if _failed(result):
         return "failed"
-    return "timeout" if result.status == Status.TIMEOUT.value else "completed"
+    return "timeout" if result.status == Status.TIMEOUT else "completed"
 
 
 def _failed(result: EvalResult) -> bool:
     """KernelGYM's "failed": no verdict on the kernel (harness failure, or a request it rejects as invalid)."""
-    return infrastructure_failure(result) or result.status == Status.INVALID.value
+    return infrastructure_failure(result) or result.status == Status.INVALID
 
 
 def _message(result: EvalResult) -> str | None:

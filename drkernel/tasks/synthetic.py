@@ -20,6 +20,7 @@ import hashlib
 import random
 from dataclasses import dataclass
 
+from drkernel.errors import UsageError
 from drkernel.tasks.task import Task
 
 SPLITS = ("train", "validation", "test")
@@ -77,7 +78,7 @@ SPLIT_BUCKETS = {"train": range(0, 7), "validation": range(7, 8), "test": range(
 MAX_FRUITLESS_DRAWS = 20000  # draws in a row that find no new chain of the split: its chains are used up
 
 
-class SyntheticError(ValueError):
+class SyntheticError(UsageError):
     """A request the task family cannot satisfy (unknown split, too many tasks for the split's structures)."""
 
 

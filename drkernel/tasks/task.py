@@ -11,10 +11,12 @@ import fnmatch
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from drkernel.errors import UsageError
+
 REQUIRED_NAMES = ("Model", "get_inputs", "get_init_inputs")
 
 
-class TaskLoadError(ValueError):
+class TaskLoadError(UsageError):
     """A task source cannot be used; the message names every problem found and where it is."""
 
 

@@ -15,16 +15,18 @@ from pathlib import Path
 from typing import Any
 
 from drkernel.agent.context import ContextPolicy
+from drkernel.errors import UsageError
 from drkernel.rl import RewardConfig
-from drkernel.scheduling.cache import DEFAULT_ENTRIES
+from drkernel.scheduling.engine import EngineConfig
 from drkernel.schema import EvalOptions
+from drkernel.settings import flatten, nest
 from drkernel.tasks.loaders import require
 from drkernel.train.signals import ESTIMATORS
 
 TINY_MODEL = "tiny"  # `model: tiny` builds a random tiny policy (drkernel.train.policy) in the run directory
 
 
-class ConfigError(ValueError):
+class ConfigError(UsageError):
     """A configuration that cannot train: an unknown key, a bad value, a combination that would train wrongly."""
 
 
@@ -50,17 +52,9 @@ class TrainConfig:
     vllm_mode: str = "colocate"  # or "server" (`trl vllm-serve` at vllm_server_base_url)
     vllm_server_base_url: str | None = None
     vllm_gpu_memory_utilization: float = 0.3
-    # evaluation (KernelGym)
-    evaluator: str = "embedded"  # "embedded", "http://host:port" (the service) or "ray://..." / "ray:auto"
-    eval_token_env: str = "DRKERNEL_TOKEN"  # the environment variable holding the service's bearer token
-    eval_workers: int | None = None  # embedded scheduler workers (default: one per GPU, or per 2 CPU cores)
-    eval_cache_entries: int = DEFAULT_ENTRIES  # verdicts of identical answers the embedded scheduler keeps; 0: off
-    eval_device: str = "auto"
-    eval_timeout_s: float = 180.0
-    correctness_trials: int = 5
-    perf_trials: int = 20
-    measure_performance: bool = True
-    precision: str = "matched"  # EvalOptions.precision: matched (the default) or tolerance (KernelBench's rule)
+    # evaluation (KernelGym): how each answer is judged (EvalOptions) and by which engine (embedded, Ray, a service)
+    evaluation: EvalOptions = field(default_factory=EvalOptions)
+    engine: EngineConfig = field(default_factory=EngineConfig)
     evaluator_retries: int = 3
     evaluator_backoff_s: float = 2.0
     # reward and advantages
@@ -110,8 +104,6 @@ class TrainConfig:
         problems = []
         if self.turns < 1:
             problems.append(f"turns must be at least 1, not {self.turns}")
-        if self.eval_cache_entries < 0:
-            problems.append(f"eval_cache_entries must be >= 0 (0 switches the result cache off), not {self.eval_cache_entries}")
         if self.num_generations < 2:
             problems.append(f"num_generations must be at least 2 (a group needs a baseline), not {self.num_generations}")
         if self.advantage_estimator not in ESTIMATORS:
@@ -133,15 +125,12 @@ class TrainConfig:
             problems.append(f"vllm_mode must be colocate or server, not {self.vllm_mode!r}")
         if not 0 <= self.prs_low < self.prs_high:
             problems.append(f"need 0 <= prs_low < prs_high, not {self.prs_low}, {self.prs_high}")
-        if self.evaluator != "embedded" and not self.evaluator.startswith(("http://", "https://", "ray:", "ray://")):
-            problems.append(f"evaluator must be 'embedded', a service URL (http://...) or a Ray address (ray:auto, ray://...), not {self.evaluator!r}")
         if self.validation_every < 0 or (self.validation_every and not self.validation_tasks):
             problems.append("validation_every needs validation_tasks (and must not be negative)")
         if self.max_new_tokens < 1 or self.max_steps < 1:
             problems.append("max_new_tokens and max_steps must be positive")
         try:
             self.reward_config()
-            self.eval_options()
         except ValueError as exc:
             problems.append(str(exc))
         if problems:
@@ -156,16 +145,6 @@ class TrainConfig:
 
     def reward_config(self) -> RewardConfig:
         return RewardConfig(profiling_reward=self.profiling_reward, speedup_cap=self.speedup_cap)
-
-    def eval_options(self) -> EvalOptions:
-        return EvalOptions(
-            device=self.eval_device,
-            timeout_s=self.eval_timeout_s,
-            correctness_trials=self.correctness_trials,
-            perf_trials=self.perf_trials,
-            measure_performance=self.measure_performance,
-            precision=self.precision,
-        )
 
     def grpo_config(self) -> Any:
         """TRL's GRPOConfig for this run: one generation batch per optimizer step, checkpoints in output_dir."""
@@ -248,9 +227,19 @@ def _coerce(name: str, hint: Any, value: Any) -> Any:
     raise ConfigError(f"{name}: {value!r} is not a {hint}")
 
 
+# keys of the config before the evaluation options and the engine nested: still read, where they live now
+FLAT_TRAIN_KEYS = {
+    "evaluator": "engine.name", "eval_token_env": "engine.token_env", "eval_workers": "engine.workers",
+    "eval_cache_entries": "engine.result_cache", "eval_device": "evaluation.device",
+    "eval_timeout_s": "evaluation.timeout_s",
+    **{key: f"evaluation.{key}" for key in ("correctness_trials", "perf_trials", "measure_performance", "precision")},
+}
+NESTED = {"evaluation": EvalOptions, "engine": EngineConfig}
+
+
 def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> TrainConfig:
-    """The config of a YAML file (or the defaults) with `key=value` overrides applied; unknown keys are an error
-    listing the known ones."""
+    """The config of a YAML file (or the defaults) with `key=value` overrides applied (`evaluation.device=cpu` for a
+    nested setting); unknown keys are an error listing the known ones."""
     yaml = require("yaml", "train", "Reading a training config")
     data: dict[str, Any] = {}
     if path is not None:
@@ -260,18 +249,43 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
             raise ConfigError(f"cannot read the training config {path}: {exc}") from exc
         if loaded is not None and not isinstance(loaded, dict):
             raise ConfigError(f"{path}: expected a mapping of config keys, not {type(loaded).__name__}")
-        data.update(loaded or {})
+        try:
+            data.update(flatten(loaded or {}, FLAT_TRAIN_KEYS))
+        except UsageError as exc:  # a setting under both its names
+            raise ConfigError(f"{path}: {exc}") from exc
     for item in overrides:
         key, sep, value = item.partition("=")
         if not sep:
             raise ConfigError(f"--set expects key=value, not {item!r}")
-        data[key.strip()] = value
-    hints = typing.get_type_hints(TrainConfig)
-    known = [f.name for f in dataclasses.fields(TrainConfig)]
-    unknown = sorted(set(data) - set(known))
-    if unknown:
-        raise ConfigError(f"unknown config key(s) {', '.join(unknown)}; known keys: {', '.join(known)}")
+        data[FLAT_TRAIN_KEYS.get(key.strip(), key.strip())] = value  # over the file's, whatever its spelling
     try:
-        return TrainConfig(**{key: _coerce(key, hints[key], value) for key, value in data.items()})
+        nested = nest(data)
+    except UsageError as exc:  # a group of settings given a value
+        raise ConfigError(str(exc)) from exc
+    groups = {name: _nested_config(name, cls, nested.pop(name, {})) for name, cls in NESTED.items()}
+    try:
+        return TrainConfig(**_settings(TrainConfig, nested), **groups)
     except TypeError as exc:
         raise ConfigError(str(exc)) from exc
+
+
+def _nested_config(name: str, cls: type, data: Any) -> Any:
+    settings = _settings(cls, data, f"{name}.")
+    try:
+        return cls(**settings)
+    except UsageError as exc:  # the nested config's own checks
+        raise ConfigError(f"{name}: {exc}") from exc
+
+
+def _settings(cls: type, data: Any, prefix: str = "") -> dict[str, Any]:
+    """`data`'s values for the fields of `cls`, each checked against its type; an unknown key is a ConfigError."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"{prefix.rstrip('.')} is a group of settings ({prefix}KEY=VALUE), not {data!r}")
+    hints = typing.get_type_hints(cls)
+    known = [f.name for f in dataclasses.fields(cls) if f.name not in (NESTED if cls is TrainConfig else ())]
+    unknown = sorted(set(data) - set(known))
+    if unknown:
+        names = known + ([f"{name}.*" for name in NESTED] if cls is TrainConfig else [])
+        raise ConfigError(f"unknown config key(s) {', '.join(prefix + key for key in unknown)}; known keys: "
+                          f"{', '.join(prefix + name for name in names)}")
+    return {key: _coerce(prefix + key, hints[key], value) for key, value in data.items()}

@@ -21,16 +21,17 @@ from drkernel.agent.evaluate import Evaluator
 from drkernel.agent.loop import JudgedAnswer, judge_answer
 from drkernel.agent.prompts import PromptTemplates
 from drkernel.agent.records import TurnRecord
+from drkernel.errors import EngineError, UsageError
 from drkernel.rl import RewardConfig, measured_coverage
 from drkernel.schema import EvalResult, Status
 from drkernel.tasks.task import Task
 
 
-class EvaluatorUnavailable(RuntimeError):
+class EvaluatorUnavailable(EngineError):
     """The evaluator failed every retry: the step cannot be scored, and is failed rather than trained on zeros."""
 
 
-class TemplateMismatch(ValueError):
+class TemplateMismatch(UsageError):
     """The next turn's rendered prompt does not extend the previous one, so the turns are not one sequence."""
 
 
@@ -199,7 +200,7 @@ class MultiTurnRollout:
         result, code, value, feedback = judged.result, judged.code, judged.reward, judged.feedback
         if result is not None:
             self.stats.evaluations += 1
-            self.stats.crashed += result.status == Status.CRASHED.value
+            self.stats.crashed += result.status == Status.CRASHED
             self.stats.cached += result.cached
         messages, context_turns = build_messages(traj.first_prompt, traj.shown, self.context)
         start = len(traj.completion_ids)

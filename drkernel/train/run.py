@@ -8,7 +8,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from drkernel.agent.bench import HF_PREFIX, BenchConfig, open_evaluator
+from drkernel.agent.config import HF_PREFIX, BenchConfig
+from drkernel.agent.evaluate import open_evaluator
 from drkernel.agent.prompts import first_turn_prompt
 from drkernel.tasks.loaders import load_tasks, require
 from drkernel.tasks.task import Task
@@ -40,35 +41,14 @@ def load_policy(config: TrainConfig, tasks: list[Task]) -> tuple[Any, Any]:
     return model, tokenizer
 
 
-def bench_config(config: TrainConfig, model_path: str) -> BenchConfig:
-    """The `drkernel bench` settings of this run's evaluations and validations: the agent's evaluator factory opens
-    the same evaluator from them, and each validation run directory gets them as its config.json."""
-    service = config.evaluator if config.evaluator.startswith(("http://", "https://")) else None
-    ray = None
-    if config.evaluator.startswith("ray"):
-        ray = config.evaluator if config.evaluator.startswith("ray://") else config.evaluator.removeprefix("ray:")
+def validation_bench_config(config: TrainConfig, model_path: str) -> BenchConfig:
+    """The `drkernel bench` settings of this run's validations: each validation run directory gets them as its
+    config.json, so `drkernel report` reads it as a bench run, and the validation loop runs with them."""
     return BenchConfig(
-        tasks=config.validation_tasks or config.tasks,
-        model=HF_PREFIX + model_path,
-        samples=config.validation_samples,
-        turns=config.turns,
-        context=config.context,
-        temperature=config.temperature,
-        top_p=config.top_p,
-        max_tokens=config.max_new_tokens,
-        prompts=config.prompt_templates,
-        profiling_reward=config.profiling_reward,
-        device=config.eval_device,
-        workers=config.eval_workers,
-        result_cache=config.eval_cache_entries,
-        ray=ray,
-        service=service,
-        service_token_env=config.eval_token_env,
-        timeout_s=config.eval_timeout_s,
-        correctness_trials=config.correctness_trials,
-        perf_trials=config.perf_trials,
-        measure_performance=config.measure_performance,
-        precision=config.precision,
+        tasks=config.validation_tasks or config.tasks, model=HF_PREFIX + model_path, samples=config.validation_samples,
+        turns=config.turns, context=config.context, temperature=config.temperature, top_p=config.top_p,
+        max_tokens=config.max_new_tokens, prompts=config.prompt_templates, profiling_reward=config.profiling_reward,
+        evaluation=config.evaluation, engine=config.engine,
     )
 
 
@@ -110,8 +90,7 @@ def train(config: TrainConfig, resume: bool = False, generate: GenerateFn | None
         Path(config.log_samples).parent.mkdir(parents=True, exist_ok=True)
     (out / "train_config.json").write_text(json.dumps(dataclasses.asdict(config), indent=2) + "\n")
     model, tokenizer = load_policy(config, tasks)
-    bench = bench_config(config, model.name_or_path)
-    evaluator, close_evaluator = open_evaluator(bench)
+    evaluator, close_evaluator = open_evaluator(config.engine, config.evaluation)
     trainer = None
     try:
         trainer = DrKernelTrainer(
@@ -122,7 +101,7 @@ def train(config: TrainConfig, resume: bool = False, generate: GenerateFn | None
             processing_class=tokenizer,
             generate=generate,
             validation_tasks=validation,
-            bench=bench,
+            validation_bench=validation_bench_config(config, model.name_or_path),
         )
         trainer.train(resume_from_checkpoint=checkpoint)
         trainer.save_model(str(out / "final"))

@@ -113,7 +113,8 @@ def multi_turn_rows(config: SftMixConfig, run_dir: Path, device: str = "auto") -
                                   for t in tasks))
     with ScriptedChatServer(multi_turn_script(tasks, config)) as server:
         bench = prepare_run_dir(run_dir, {"tasks": str(tasks_file), "model": "scripted", "base_url": server.url,
-                                          "turns": 2, "samples": 1, "device": device}, resume=False)
+                                          "turns": 2, "samples": 1, "evaluation": {"device": device}},
+                                resume=False)
         asyncio.run(run_bench(bench, [t.task() for t in tasks], run_dir))
     second_turns = [record for record in read_trajectories(run_dir) if record.turn == 2]
     return sft_rows(second_turns, SftFilter(require_correct=True, min_speedup=None))

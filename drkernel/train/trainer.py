@@ -18,15 +18,16 @@ from typing import Any
 
 import torch
 
+from drkernel.agent.config import BenchConfig
 from drkernel.agent.prompts import PromptTemplates, first_turn_prompt
 from drkernel.rl.metrics import fast_p_per_turn
-from drkernel.schema import HackReason
+from drkernel.schema import HackReason, Status
 from drkernel.tasks.loaders import require
 from drkernel.tasks.task import Task
 from drkernel.train.config import TrainConfig
 from drkernel.train.rollout import GenerateFn, MultiTurnRollout, RolloutStats, Trajectory, turn_coverage
 from drkernel.train.signals import JudgedTurn, kept_fraction, mrs_turn_keep, step_signals
-from drkernel.train.validation import validate
+from drkernel.train.validation import TrainerChatModel, Validation
 
 trl = require("trl", "train", "Training")
 transformers = require("transformers", "train", "Training")
@@ -63,14 +64,11 @@ class DrKernelTrainer(trl.GRPOTrainer):
         processing_class: Any,
         generate: GenerateFn | None = None,
         validation_tasks: Sequence[Task] = (),
-        bench: Any = None,
+        validation_bench: BenchConfig | None = None,
     ) -> None:
         self.config = config
-        self.bench = bench  # the agent's BenchConfig, written as each validation run's config.json
         self.templates = _templates(config)
         self._task_of = {first_turn_prompt(t.code, self.templates): t for t in tasks}
-        self.validation_tasks = list(validation_tasks)
-        self.evaluator = evaluator
         super().__init__(
             model=model,
             reward_funcs=[turn_reward_sum],
@@ -90,6 +88,13 @@ class DrKernelTrainer(trl.GRPOTrainer):
             evaluator_retries=config.evaluator_retries,
             evaluator_backoff_s=config.evaluator_backoff_s,
         )
+        # validation answers with the trainer's own model even when rollouts use vLLM: it runs on the main process
+        # alone, and vLLM's server mode gathers from every process
+        self.validation = Validation(
+            list(validation_tasks), validation_bench, config.reward_config(), evaluator,
+            TrainerChatModel(processing_class, generate or self.sample_transformers), self.rollout.loop,
+            Path(config.output_dir),
+        ) if validation_tasks and validation_bench is not None else None
         self._trajectories: list[Trajectory] = []
         self._step_metrics: dict[str, Any] = {}
         self._scored_at = 0.0
@@ -217,6 +222,16 @@ class DrKernelTrainer(trl.GRPOTrainer):
                         "speedup": r["speedup"],
                     }) + "\n")
 
+    def validate(self, step: int) -> dict[str, Any]:
+        """Validation of the model at `step`, in eval mode (no dropout), as drkernel bench would run it."""
+        assert self.validation is not None, "validation_every needs validation_tasks (TrainConfig checks it)"
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            return self.validation.run(step)
+        finally:
+            self.model.train(was_training)
+
     def prs_seed(self, global_step: int) -> int:
         """PRS's draws are seeded by the run's seed and the step, so a rerun drops the same turns."""
         return self.config.seed * 1_000_003 + global_step
@@ -275,7 +290,7 @@ class DrKernelTrainer(trl.GRPOTrainer):
             "turn_correct": (torch.tensor(correct).sum(0) / reached_turns).tolist(),
             "turn_fast_1": _finite(fast_p_per_turn(speedups, correct, 1.0, reached).tolist()),
             "turn_fast_1_2": _finite(fast_p_per_turn(speedups, correct, 1.2, reached).tolist()),
-            "hacked_share": sum(r["status"] == "hacked" for r in rows) / max(len(rows), 1),
+            "hacked_share": sum(r["status"] == Status.HACKED for r in rows) / max(len(rows), 1),
             "lazy_share": sum(r["lazy"] for r in rows) / max(len(rows), 1),
             "coverage_mean": sum(coverage) / len(coverage) if coverage else None,
             "kept_mrs": kept_fraction(signals, "mrs"),
@@ -324,7 +339,7 @@ class StepRecorder(transformers.TrainerCallback):
             return
         every = self.trainer.config.validation_every
         if every and state.global_step % every == 0:  # on the main process only: one run directory per step
-            metrics["validation"] = validate(self.trainer, state.global_step)
+            metrics["validation"] = self.trainer.validate(state.global_step)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         with self.path.open("a") as f:
             f.write(json.dumps(metrics) + "\n")

@@ -7,18 +7,21 @@ them like any bench run; the numbers are the agent summary's.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import threading
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from drkernel.agent.backends import Completion, SamplingParams
+from drkernel.agent.backends import ChatModel, Completion, SamplingParams
 from drkernel.agent.bench import write_summary
-from drkernel.agent.loop import LoopConfig, run_loop
+from drkernel.agent.config import BenchConfig
+from drkernel.agent.evaluate import Evaluator
+from drkernel.agent.loop import run_loop
 from drkernel.agent.records import CONFIG, write_json
+from drkernel.rl import RewardConfig
+from drkernel.tasks.task import Task
 from drkernel.train.rollout import GenerateFn
-
-if TYPE_CHECKING:
-    from drkernel.train.trainer import DrKernelTrainer
 
 
 class TrainerChatModel:
@@ -52,39 +55,34 @@ class TrainerChatModel:
         return None
 
 
-def validate(trainer: DrKernelTrainer, step: int) -> dict[str, Any]:
-    """The contract's `validation` entry of metrics.jsonl for this step."""
-    config = trainer.config
-    run_dir = f"{config.output_dir}/validation/step_{step}"
-    # the trainer's own model even when rollouts use vLLM: validation runs on the main process alone, and vLLM's
-    # server mode gathers from every process
-    generate = trainer.rollout.generate if trainer.rollout.generate != trainer.sample else trainer.sample_transformers
-    model = TrainerChatModel(trainer.processing_class, generate)
-    loop = LoopConfig(
-        samples=config.validation_samples,
-        turns=config.turns,
-        context=config.context_policy(),
-        sampling=SamplingParams(temperature=config.temperature, top_p=config.top_p, max_tokens=config.max_new_tokens),
-        reward=config.reward_config(),
-        templates=trainer.templates,
-    )
-    was_training = trainer.model.training
-    trainer.model.eval()
-    try:
-        trainer.rollout.loop.run_until_complete(
-            run_loop(trainer.validation_tasks, model, trainer.evaluator, loop, run_dir)
-        )
-    finally:
-        trainer.model.train(was_training)
-    planned = [(task.key, sample) for task in trainer.validation_tasks for sample in range(config.validation_samples)]
-    summary = write_summary(Path(run_dir), planned, config.turns)
-    if trainer.bench is not None:
-        write_json(Path(run_dir) / CONFIG, trainer.bench.to_dict())
-    return {
-        "correct": summary["last_turn"]["correct"],
-        "fast_1": summary["last_turn"]["fast_1"],
-        "fast_1_2": summary["last_turn"]["fast_1_2"],
-        "turn_fast_1": summary["per_turn"]["fast_1"],
-        "turn_fast_1_2": summary["per_turn"]["fast_1_2"],
-        "best_of_history_fast_1_2": summary["best_of_history"]["fast_1_2"],
-    }
+@dataclass
+class Validation:
+    """What validating needs, named (it read ten of the trainer's attributes): the held-out tasks, the bench settings
+    the runs are made with (also written as each run's config.json), the reward the trainer's config gives, the
+    evaluator, the model answering, and the event loop the evaluator lives in."""
+
+    tasks: list[Task]
+    bench: BenchConfig
+    reward: RewardConfig
+    evaluator: Evaluator
+    model: ChatModel
+    event_loop: asyncio.AbstractEventLoop
+    output_dir: Path
+
+    def run(self, step: int) -> dict[str, Any]:
+        """Validate the model as it is at `step` into OUTPUT_DIR/validation/step_<step>/; the contract's
+        `validation` entry of metrics.jsonl."""
+        run_dir = self.output_dir / "validation" / f"step_{step}"
+        loop = dataclasses.replace(self.bench.loop_config(), reward=self.reward)
+        self.event_loop.run_until_complete(run_loop(self.tasks, self.model, self.evaluator, loop, run_dir))
+        planned = [(task.key, sample) for task in self.tasks for sample in range(self.bench.samples)]
+        summary = write_summary(run_dir, planned, self.bench.turns)
+        write_json(run_dir / CONFIG, self.bench.to_dict())
+        return {
+            "correct": summary["last_turn"]["correct"],
+            "fast_1": summary["last_turn"]["fast_1"],
+            "fast_1_2": summary["last_turn"]["fast_1_2"],
+            "turn_fast_1": summary["per_turn"]["fast_1"],
+            "turn_fast_1_2": summary["per_turn"]["fast_1_2"],
+            "best_of_history_fast_1_2": summary["best_of_history"]["fast_1_2"],
+        }
