@@ -203,20 +203,33 @@ def generation_gate(config: BenchConfig) -> DeviceGate | None:
 def open_evaluator(config: BenchConfig) -> tuple[Evaluator, Callable[[], Any]]:
     """The evaluator and how to close it: the service when given, else Ray when given, else the embedded
     scheduler."""
-    options = config.eval_options()
-    if config.service:
+    return open_engine(config.eval_options(), service=config.service, service_token_env=config.service_token_env,
+                       ray=config.ray, workers=config.workers, result_cache=config.result_cache)
+
+
+def open_engine(
+    options: EvalOptions,
+    service: str | None = None,
+    service_token_env: str = "DRKERNEL_TOKEN",
+    ray: str | None = None,
+    workers: int | None = None,
+    result_cache: int = DEFAULT_ENTRIES,
+) -> tuple[Evaluator, Callable[[], Any]]:
+    """`open_evaluator` for callers without a bench configuration (the framework integrations): a `drkernel serve`
+    service at `service`, else a Ray cluster at `ray`, else the embedded scheduler on `options.device`."""
+    if service:
         from drkernel.service.client import AsyncClient
 
-        client = AsyncClient(config.service, token=os.environ.get(config.service_token_env))
+        client = AsyncClient(service, token=os.environ.get(service_token_env))
         return ServiceEvaluator(client, options), client.close
-    if config.ray:
+    if ray:
         from drkernel.scheduling.ray_backend import RayBackend
 
-        backend: Any = RayBackend(address=config.ray, device=config.device)
+        backend: Any = RayBackend(address=ray, device=options.device)
     else:
         from drkernel.scheduling.scheduler import Scheduler
 
-        backend = Scheduler(device=config.device, workers=config.workers, cache_entries=config.result_cache)
+        backend = Scheduler(device=options.device, workers=workers, cache_entries=result_cache)
     return BackendEvaluator(backend, options), backend.close
 
 
