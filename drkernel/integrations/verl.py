@@ -1,36 +1,37 @@
 """drkernel as a verl plugin (`pip install drkernel[verl]`, verl 0.9.1): the kernel episode as an agent loop, TRLOO
-as an advantage estimator, PRS as a loss mask, the void-turn rule in the estimator, MRS as verl's rollout correction.
+as an advantage estimator, PRS and the void-turn rule as loss masks, MRS as verl's rollout correction.
 
 Importing this module registers, in verl's own registries:
 
 - the agent loop `drkernel_kernel` (`KernelAgentLoop`): one sample is one multi-turn episode on one task. Each turn
-  asks verl's rollout server for an answer, judges it with `drkernel.agent.loop.judge_answer` (the function
-  `drkernel bench` and `drkernel train` use) on the embedded scheduler, Ray or a `drkernel serve` service, and shows
-  the model drkernel's feedback, with drkernel's prompts and context policy;
-- the advantage estimator `trloo` (`compute_trloo_advantage`): `drkernel.rl.trloo_advantages` over (prompt, turn)
-  groups of reward-to-go returns, as `drkernel train` computes them.
+  asks verl's rollout server for an answer, judges it with `drkernel.agent.loop.judge_answer` (what `drkernel bench`
+  and `drkernel train` judge with) on the embedded scheduler, Ray or a `drkernel serve` service, and shows the model
+  drkernel's feedback;
+- the advantage estimator `trloo` (`compute_trloo_advantage`): the returns, TRLOO advantages and void turns of
+  `drkernel train` (`drkernel.train.signals`) over (prompt uid, turn) groups.
 
-verl hands an advantage estimator only `token_level_rewards`, `response_mask` and the prompt's uid, so the episode
-reaches the estimator through those two tensors. One row is one episode; its response is answer 1, the tokens the
-chat template adds with feedback 1, answer 2, ... (verl's Continuous Token builder renders them, as its tool agent
-does), and:
+verl hands an advantage estimator only `token_level_rewards`, `response_mask`, the config and the prompt's uid, so
+an episode reaches the estimator through those two tensors. One row is one episode; its response is answer 1, the
+chat template's tokens and feedback 1, answer 2, ... in one token sequence (which is why the context is always the
+full one: verl's token builder only appends), and:
 
-- `response_mask` is 1 on the answers' tokens and 0 on the environment's; a turn that PRS leaves out has 0 on its
-  answer too (a loss mask: verl's losses and rejection sampling read this mask);
-- `rm_scores` (verl's `token_level_rewards` without an in-reward KL) holds each turn's reward on the last token of
-  its answer (`KernelEpisodeOutput.as_dict`, which verl's v1 trainer calls), so a row sums to the episode's reward.
+- `response_mask` is 1 on the answers' tokens and 0 on the environment's; a turn PRS leaves out has 0 on its answer
+  too (a loss mask: verl's losses and rejection sampling read this mask);
+- `rm_scores` (verl's `token_level_rewards` when the reward has no KL term) holds each turn's reward on the last
+  token of its answer (`KernelEpisodeOutput.as_dict`, which verl's v1 trainer stores), so a row sums to the
+  episode's return.
 
 The estimator reads the turns back: each run of mask-1 tokens is a turn, and so is each reward on a mask-0 token (a
-turn PRS left out: PRS drops only correct turns, whose reward is positive). A turn with reward 0 is found only
-through its mask, so the void-turn rule (a turn with reward <= 0 after an earlier turn with reward > 0,
-`drkernel.train.signals.void_turns`) acts in the estimator instead: a void turn's tokens get advantage 0, which is
-the same as leaving them out of the loss under `loss_agg_mode: seq-mean-token-sum-norm` (Dr. GRPO's constant
-normaliser, what `drkernel train` uses) with no entropy or KL loss term. Rejected and void turns still count in
-their group's baseline, as in `drkernel.train`.
+turn PRS left out: PRS drops only correct turns, and a correct turn earns at least `RewardConfig.base` > 0). A
+void turn (reward <= 0 after an earlier rewarded turn) earns 0, so masking it would hide it from its group's
+baseline; the estimator gives its tokens advantage 0 instead, which under the clipped PPO loss without entropy or KL
+terms gives them no gradient, as leaving them out does. Left-out and void turns still count in their group's
+baseline, as in `drkernel train`.
 
-MRS maps onto verl's `bypass_ppo_clip_geo_rs` preset plus a `seq_max_k2` veto (`mrs_rollout_correction`). Decoupled
-rejection sampling masks rows before the estimator, which would hide their turns, and an in-reward KL puts a value
-on every token: the estimator refuses both.
+MRS maps onto verl's `bypass_ppo_clip_geo_rs` preset plus a `seq_max_k2` veto (`mrs_rollout_correction`), tested
+on whole episodes; `drkernel train` tests each turn on its own tokens, which verl cannot express. Decoupled rejection
+sampling masks rows before the advantages, which would hide their turns, and an in-reward KL puts a value on every
+token: the estimator refuses both.
 """
 
 from __future__ import annotations
@@ -56,18 +57,18 @@ from drkernel.agent.context import ContextPolicy, ShownTurn, build_messages
 from drkernel.agent.evaluate import Evaluator
 from drkernel.agent.loop import JudgedAnswer, judge_answer
 from drkernel.agent.prompts import PromptTemplates, first_turn_prompt
-from drkernel.rl import RewardConfig, measured_coverage, prs_keep_mask, reward_to_go, trloo_advantages
+from drkernel.rl import RewardConfig, measured_coverage, prs_keep_mask
 from drkernel.scheduling.cache import DEFAULT_ENTRIES
 from drkernel.schema import EvalOptions
 from drkernel.tasks import Task, load_tasks
 from drkernel.train.rollout import RetryingEvaluator
-from drkernel.train.signals import JudgedTurn, void_turns
+from drkernel.train.signals import JudgedTurn, advantages, turn_returns, void_turns
 
 AGENT_LOOP = "drkernel_kernel"
 ESTIMATOR = "trloo"
 DATA_SOURCE = "drkernel"
 
-# extra_fields of an episode's AgentLoopOutput (verl keeps them per row in non_tensor_batch / extra_fields)
+# extra_fields of an episode's AgentLoopOutput (verl keeps them per row)
 TURN_SCORES = "turn_scores"  # verl's own key for per-turn rewards
 TURN_SPANS = "turn_spans"  # [start, end) of each answer in response_ids
 TURN_STATUS = "turn_status"
@@ -76,62 +77,53 @@ TURN_PRS_KEPT = "turn_prs_kept"
 
 @dataclass(frozen=True)
 class KernelEpisodeConfig:
-    """The episode's settings, given as keyword arguments of the agent loop (verl's `agent_loop_config_path` file
-    passes them). Defaults are the paper's training recipe: 3 turns, the full context, the profiling reward, PRS."""
+    """The episode's settings: the agent loop's keyword arguments, which verl's `agent_loop_config_path` file gives.
+    Defaults are `drkernel train`'s (the paper's recipe: 3 turns, the profiling reward, PRS); the evaluation settings
+    are `drkernel bench`'s, with their names."""
 
     tasks: str = "examples/tasks"  # anything `drkernel.tasks.load_tasks` reads; samples name a task by key
     turns: int = 3
-    context: str = "full"
+    max_new_tokens: int = 4096  # per answer, within what is left of verl's response_length
     prompt_templates: str | None = None  # a TOML/JSON file of PromptTemplates overrides
     profiling_reward: bool = True
     speedup_cap: float = 3.0
     prs: bool = True
     prs_low: float = 0.3
     prs_high: float = 0.4
-    prs_seed: int | None = None  # None: fresh draws; an int: every episode draws from a generator seeded with it
-    evaluator: str = "embedded"  # "embedded", a service URL (http://...) or a Ray address (ray:auto, ray://...)
-    eval_token_env: str = "DRKERNEL_TOKEN"
-    eval_workers: int | None = None
-    eval_cache_entries: int = DEFAULT_ENTRIES
-    eval_device: str = "auto"
-    eval_timeout_s: float = 180.0
+    # evaluation: a `drkernel serve` URL, else a Ray address, else the embedded scheduler on `device`
+    service: str | None = None
+    service_token_env: str = "DRKERNEL_TOKEN"
+    ray: str | None = None
+    device: str = "auto"
+    workers: int | None = None
+    result_cache: int = DEFAULT_ENTRIES
+    timeout_s: float = 180.0
     correctness_trials: int = 5
     perf_trials: int = 20
     measure_performance: bool = True
     precision: str = "matched"
-    evaluator_retries: int = 3
+    evaluator_retries: int = 3  # then the episode fails, and verl drops its prompt's group
     evaluator_backoff_s: float = 2.0
 
     def __post_init__(self) -> None:
-        if self.turns < 1:
-            raise ValueError(f"an episode has at least one turn, not {self.turns}")
-        policy = self.context_policy()
-        if policy.kind != "full" and (policy.k or 0) < self.turns - 1:
-            raise ValueError(
-                f"context {self.context!r} hides earlier turns within {self.turns} turns, so a turn's prompt would "
-                f"not extend the previous one and the episode would not be one sequence; use 'full' (or K >= "
-                f"{self.turns - 1})")
+        if self.turns < 1 or self.max_new_tokens < 1:
+            raise ValueError(f"turns and max_new_tokens must be positive, not {self.turns}, {self.max_new_tokens}")
         if not 0 <= self.prs_low < self.prs_high:
             raise ValueError(f"need 0 <= prs_low < prs_high, not {self.prs_low}, {self.prs_high}")
-        if self.evaluator != "embedded" and not self.evaluator.startswith(("http://", "https://", "ray:", "ray://")):
-            raise ValueError(f"evaluator must be 'embedded', a service URL (http://...) or a Ray address (ray:auto, "
-                             f"ray://...), not {self.evaluator!r}")
-        if self.evaluator_retries < 0 or self.evaluator_backoff_s < 0:
-            raise ValueError("evaluator_retries and evaluator_backoff_s must not be negative")
+        if self.service and self.ray:
+            raise ValueError("give the evaluation engine as a service or as a Ray address, not both")
+        if self.evaluator_retries < 0 or self.evaluator_backoff_s < 0 or self.result_cache < 0:
+            raise ValueError("evaluator_retries, evaluator_backoff_s and result_cache must not be negative")
         self.reward_config()
         self.eval_options()
 
     @classmethod
     def from_settings(cls, settings: Mapping[str, Any]) -> KernelEpisodeConfig:
         known = {f.name for f in fields(cls)}
-        unknown = sorted(set(settings) - known)
-        if unknown:
+        if unknown := sorted(set(settings) - known):
             raise ValueError(f"unknown drkernel agent loop setting(s) {', '.join(unknown)}; "
                              f"known: {', '.join(sorted(known))}")
         return cls(**settings)
-
-    def context_policy(self) -> ContextPolicy:
-        return ContextPolicy.parse(self.context)
 
     def reward_config(self) -> RewardConfig:
         return RewardConfig(profiling_reward=self.profiling_reward, speedup_cap=self.speedup_cap)
@@ -140,37 +132,24 @@ class KernelEpisodeConfig:
         return PromptTemplates.from_file(self.prompt_templates) if self.prompt_templates else PromptTemplates()
 
     def eval_options(self) -> EvalOptions:
-        return EvalOptions(device=self.eval_device, timeout_s=self.eval_timeout_s,
-                           correctness_trials=self.correctness_trials, perf_trials=self.perf_trials,
-                           measure_performance=self.measure_performance, precision=self.precision)
-
-    def engine_key(self) -> tuple[Any, ...]:
-        """What decides the evaluation engine and how it judges: episodes that agree on it share one engine."""
-        return (self.evaluator, self.eval_token_env, self.eval_workers, self.eval_cache_entries, self.eval_device,
-                self.eval_timeout_s, self.correctness_trials, self.perf_trials, self.measure_performance,
-                self.precision)
-
-    def open_evaluator(self) -> tuple[Evaluator, Callable[[], Any]]:
-        service = self.evaluator if self.evaluator.startswith(("http://", "https://")) else None
-        ray = None
-        if self.evaluator.startswith("ray"):
-            ray = self.evaluator if self.evaluator.startswith("ray://") else self.evaluator.removeprefix("ray:")
-        return open_engine(self.eval_options(), service=service, service_token_env=self.eval_token_env, ray=ray,
-                           workers=self.eval_workers, result_cache=self.eval_cache_entries)
+        return EvalOptions(device=self.device, timeout_s=self.timeout_s, correctness_trials=self.correctness_trials,
+                           perf_trials=self.perf_trials, measure_performance=self.measure_performance,
+                           precision=self.precision)
 
 
-# verl builds an agent loop per sample: the evaluation engine and the task set are opened once per worker process.
-_EVALUATORS: dict[tuple[Any, ...], Evaluator] = {}
+# verl builds an agent loop per sample: each worker process opens the engine and reads the task set once per config.
+_ENGINES: dict[KernelEpisodeConfig, Evaluator] = {}
 _CLOSERS: list[Callable[[], Any]] = []
 _TASK_SETS: dict[str, dict[str, Task]] = {}
 
 
 def _shared_evaluator(config: KernelEpisodeConfig) -> Evaluator:
-    key = config.engine_key()
-    if key not in _EVALUATORS:
-        _EVALUATORS[key], close = config.open_evaluator()
+    if config not in _ENGINES:
+        _ENGINES[config], close = open_engine(config.eval_options(), service=config.service,
+                                           service_token_env=config.service_token_env, ray=config.ray,
+                                           workers=config.workers, result_cache=config.result_cache)
         _CLOSERS.append(close)
-    return _EVALUATORS[key]
+    return _ENGINES[config]
 
 
 @atexit.register
@@ -187,6 +166,16 @@ def _shared_tasks(source: str) -> dict[str, Task]:
     if source not in _TASK_SETS:
         _TASK_SETS[source] = {task.key: task for task in load_tasks(source)}
     return _TASK_SETS[source]
+
+
+def mask_runs(mask: torch.Tensor) -> list[tuple[int, int]]:
+    """[start, end) of each run of nonzero entries of a 1-D mask, in order: an episode's answers."""
+    on = mask.bool()
+    before = torch.cat([on.new_zeros(1), on[:-1]])
+    after = torch.cat([on[1:], on.new_zeros(1)])
+    starts = torch.nonzero(on & ~before).flatten().tolist()
+    ends = (torch.nonzero(on & ~after).flatten() + 1).tolist()
+    return list(zip(starts, ends))
 
 
 def turn_reward_tensor(length: int, spans: Sequence[Sequence[int]], rewards: Sequence[float]) -> torch.Tensor:
@@ -212,20 +201,15 @@ class KernelEpisodeOutput(AgentLoopOutput):
 
 
 @dataclass
-class _Turn:
-    span: tuple[int, int]  # [start, end) of the answer in the response
-    text: str
-    judged: JudgedAnswer
-
-
-@dataclass
 class _Episode:
     prompt_ids: list[int]
     runtime_ids: list[int]  # prompt and response so far, as the rollout server sees them
     messages: list[dict[str, str]]
     mask: list[int] = field(default_factory=list)
     logprobs: list[float] | None = None
-    turns: list[_Turn] = field(default_factory=list)
+    answers: list[str] = field(default_factory=list)
+    judged: list[JudgedAnswer] = field(default_factory=list)
+    server_fields: list[dict[str, Any]] = field(default_factory=list)  # each turn's TokenOutput.extra_fields
     generation_s: float = 0.0
     evaluation_s: float = 0.0
     preempted: int = -1
@@ -234,7 +218,7 @@ class _Episode:
 @register(AGENT_LOOP)
 class KernelAgentLoop(AgentLoopBase):
     """The multi-turn kernel episode. verl passes the dataset row's fields to `run`; the row names its task in
-    `extra_info["task"]` (`write_dataset` writes such rows), and the task's first prompt is drkernel's."""
+    `extra_info["task"]` (`write_dataset` writes such rows), and the episode's first prompt is drkernel's."""
 
     def __init__(
         self,
@@ -246,9 +230,9 @@ class KernelAgentLoop(AgentLoopBase):
         data_config: Any,
         hf_model_type: str | None = None,
         *,
-        evaluator: Evaluator | None = None,
-        tasks: Sequence[Task] | None = None,
-        tools: Any = None,  # verl hands every agent loop the configured tools; a kernel episode calls none
+        name: str = AGENT_LOOP,  # verl's instantiate passes the config file's entry, name included
+        tools: Any = None,  # and the configured tools, which a kernel episode does not call
+        evaluator: Evaluator | None = None,  # replaces the configured engine (tests, notebooks)
         **settings: Any,
     ) -> None:
         super().__init__(trainer_config, server_manager, tokenizer, processor, dataset_cls, data_config, hf_model_type)
@@ -256,12 +240,11 @@ class KernelAgentLoop(AgentLoopBase):
             raise ValueError("the drkernel agent loop needs verl's v1 trainer (trainer.use_v1=true): the legacy "
                              "trainer keeps only an episode's total reward, and the trloo estimator needs each turn's")
         self.episode = KernelEpisodeConfig.from_settings(settings)
-        self.tasks = {t.key: t for t in tasks} if tasks is not None else _shared_tasks(self.episode.tasks)
+        self.tasks = _shared_tasks(self.episode.tasks)
         self.evaluator = RetryingEvaluator(evaluator or _shared_evaluator(self.episode), self.episode.evaluator_retries,
                                            self.episode.evaluator_backoff_s)
         self.reward = self.episode.reward_config()
         self.templates = self.episode.templates()
-        self.context = self.episode.context_policy()
         self.response_length = self.rollout_config.response_length
 
     def _task(self, extra_info: Any) -> Task:
@@ -282,7 +265,7 @@ class KernelAgentLoop(AgentLoopBase):
                            logprobs=[] if sampling_params.get("logprobs") else None)
         request_id = uuid4().hex  # one id per episode: its turns go to one server, which reuses the prefix cache
         for turn in range(1, self.episode.turns + 1):
-            budget = self.response_length - len(episode.mask)
+            budget = min(self.episode.max_new_tokens, self.response_length - len(episode.mask))
             if budget < 1:
                 break
             await self._answer(task, episode, {**sampling_params, "max_tokens": budget}, request_id, int(priority))
@@ -300,25 +283,25 @@ class KernelAgentLoop(AgentLoopBase):
             raise ValueError(f"the rollout server returned no tokens for task {task.key}")
         if generated.num_preempted is not None:
             episode.preempted = max(episode.preempted, 0) + generated.num_preempted
+        episode.server_fields.append(generated.extra_fields)
         merged, episode.mask, logprobs = await self.ct_merge_assistant_token(
             episode.runtime_ids, generated.token_ids, episode.mask, episode.logprobs,
             assistant_logprobs=generated.log_probs if episode.logprobs is not None else None)
         if episode.logprobs is not None:
             episode.logprobs = logprobs
         episode.runtime_ids = merged.token_ids
-        end = len(episode.mask)
         text = self.tokenizer.decode(generated.token_ids, skip_special_tokens=True)
         started = time.perf_counter()
-        judged = await judge_answer(task, text, self.evaluator, self.reward, self.templates)
+        episode.judged.append(await judge_answer(task, text, self.evaluator, self.reward, self.templates))
         episode.evaluation_s += time.perf_counter() - started
-        episode.turns.append(_Turn((end - merged.appended_token_count, end), text, judged))
+        episode.answers.append(text)
         episode.messages = episode.messages + [{"role": "assistant", "content": text}]
 
     async def _show_feedback(self, first_prompt: str, episode: _Episode) -> bool:
-        """Append the next turn's context (the feedback, in drkernel's words and context policy); False when it would
-        not fit in verl's response length, which ends the episode."""
-        shown = [ShownTurn(t.text, t.judged.feedback, t.judged.reward) for t in episode.turns]
-        messages, _ = build_messages(first_prompt, shown, self.context)
+        """Append the next turn's context (drkernel's feedback, every earlier turn shown); False when it would not
+        fit in verl's response length, which ends the episode."""
+        shown = [ShownTurn(text, j.feedback, j.reward) for text, j in zip(episode.answers, episode.judged)]
+        messages, _ = build_messages(first_prompt, shown, ContextPolicy("full"))
         merged, mask, logprobs = await self.ct_merge_context_msg(
             episode.messages, messages, episode.runtime_ids, episode.mask, episode.logprobs)
         if len(mask) >= self.response_length:
@@ -328,40 +311,42 @@ class KernelAgentLoop(AgentLoopBase):
             episode.logprobs = logprobs
         return True
 
-    def _prs_kept(self, turns: list[_Turn]) -> list[bool]:
+    def _prs_kept(self, judged: list[JudgedAnswer]) -> list[bool]:
         if not self.episode.prs:
-            return [True] * len(turns)
-        measured = [None if t.judged.result is None else measured_coverage(t.judged.result.profile) for t in turns]
-        coverage = [float("nan") if c is None else c for c in measured]
-        correct = [t.judged.result is not None and t.judged.result.correct for t in turns]
-        seed = self.episode.prs_seed if self.episode.prs_seed is not None else random.SystemRandom().getrandbits(63)
-        return prs_keep_mask(coverage, correct, seed, self.episode.prs_low, self.episode.prs_high).tolist()
+            return [True] * len(judged)
+        coverage = [float("nan") if j.result is None or (c := measured_coverage(j.result.profile)) is None else c
+                    for j in judged]
+        correct = [j.result is not None and j.result.correct for j in judged]
+        return prs_keep_mask(coverage, correct, random.SystemRandom().getrandbits(63), self.episode.prs_low,
+                             self.episode.prs_high).tolist()
 
     def _output(self, task: Task, episode: _Episode) -> KernelEpisodeOutput:
-        turns = episode.turns
-        kept = self._prs_kept(turns)
-        prompt_length = len(episode.prompt_ids)
-        response_ids = episode.runtime_ids[prompt_length:]
+        spans = mask_runs(torch.tensor(episode.mask))  # the builder may trim a boundary token: read the mask back
+        if len(spans) != len(episode.judged):
+            raise RuntimeError(f"{len(episode.judged)} answers but {len(spans)} runs of model tokens in the response")
+        kept = self._prs_kept(episode.judged)
         mask = list(episode.mask)
-        for turn, keep in zip(turns, kept):
-            if not keep:  # PRS drops correct turns only, which earn at least the base reward: the estimator sees it
-                start, end = turn.span
+        for (start, end), keep in zip(spans, kept):
+            if not keep:  # PRS drops correct turns only, whose reward (> 0) the estimator still finds
                 mask[start:end] = [0] * (end - start)
-        rewards = [t.judged.reward for t in turns]
+        rewards = [j.reward for j in episode.judged]
+        steps = {"min_global_steps": episode.server_fields[0].get("min_global_steps"),
+                 "max_global_steps": episode.server_fields[-1].get("max_global_steps")} if episode.server_fields else {}
         return KernelEpisodeOutput(
             prompt_ids=episode.prompt_ids,
-            response_ids=response_ids,
+            response_ids=episode.runtime_ids[len(episode.prompt_ids):],
             response_mask=mask,
             response_logprobs=episode.logprobs,
             reward_score=float(sum(rewards)),
-            num_turns=2 * len(turns),  # the task, each answer, and the feedback between answers
+            num_turns=2 * len(rewards),  # the task, each answer, and the feedback between answers
             metrics=AgentLoopMetrics(generate_sequences=episode.generation_s, tool_calls=episode.evaluation_s,
                                      num_preempted=episode.preempted),
             extra_fields={
+                **steps,  # the weights' versions the episode was sampled with (verl's staleness control reads them)
                 "task": task.key,
                 TURN_SCORES: rewards,
-                TURN_SPANS: [list(t.span) for t in turns],
-                TURN_STATUS: [t.judged.status for t in turns],
+                TURN_SPANS: [list(span) for span in spans],
+                TURN_STATUS: [j.status for j in episode.judged],
                 TURN_PRS_KEPT: kept,
             },
         )
@@ -380,22 +365,18 @@ class RowTurn:
 def episode_turns(rewards: torch.Tensor, mask: torch.Tensor) -> list[RowTurn]:
     """The turns of one row ([L] token rewards, [L] 0/1 mask), in order: every run of mask 1 (a turn in the loss,
     its reward the sum over the run) and every reward on a mask-0 token (a turn PRS left out)."""
-    on = mask.bool()
-    before = torch.cat([on.new_zeros(1), on[:-1]])
-    after = torch.cat([on[1:], on.new_zeros(1)])
-    starts = torch.nonzero(on & ~before).flatten().tolist()
-    ends = (torch.nonzero(on & ~after).flatten() + 1).tolist()
     cumulative = torch.cat([rewards.new_zeros(1, dtype=torch.float64), rewards.double().cumsum(0)]).tolist()
-    turns = [RowTurn(s, e, cumulative[e] - cumulative[s], True) for s, e in zip(starts, ends)]
+    turns = [RowTurn(s, e, cumulative[e] - cumulative[s], True) for s, e in mask_runs(mask)]
     values = rewards.double().tolist()
-    turns += [RowTurn(p, p + 1, values[p], False) for p in torch.nonzero(~on & (rewards != 0)).flatten().tolist()]
+    left_out = torch.nonzero(~mask.bool() & (rewards != 0)).flatten().tolist()
+    turns += [RowTurn(p, p + 1, values[p], False) for p in left_out]
     return sorted(turns, key=lambda t: t.start)
 
 
-def _check_trainer(config: Any) -> float:
-    """The discount, after refusing the settings under which the rows no longer carry their turns."""
+def _check_algorithm(config: Any) -> None:
+    """Refuse the settings under which the rows no longer carry their turns, or the returns are not drkernel's."""
     if config is None:
-        return 1.0
+        return
     if config.get("use_kl_in_reward", False):
         raise ValueError("the trloo estimator reads each turn's reward from token_level_rewards, which an in-reward "
                          "KL penalty changes on every token; set algorithm.use_kl_in_reward=false (the paper uses "
@@ -405,7 +386,8 @@ def _check_trainer(config: Any) -> float:
         raise ValueError("decoupled rejection sampling masks rejected rows before the advantages, which hides their "
                          "turns from the trloo estimator (and from their groups' baselines); use bypass mode "
                          "(drkernel.integrations.verl.mrs_rollout_correction())")
-    return float(config.get("gamma", 1.0))
+    if float(config.get("gamma", 1.0)) != 1.0:
+        raise ValueError("the trloo estimator uses drkernel's undiscounted reward-to-go: set algorithm.gamma=1.0")
 
 
 @register_adv_est(ESTIMATOR)
@@ -416,10 +398,10 @@ def compute_trloo_advantage(
     config: Any = None,
     **kwargs: Any,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """TRLOO on drkernel episodes: returns reward-to-go per turn, advantages `drkernel.rl.trloo_advantages` over
-    (prompt uid, turn) groups, broadcast to each turn's answer tokens; void turns get 0 (see the module's doc).
+    """`drkernel train`'s signal on verl's rows: reward-to-go returns per turn, TRLOO advantages over (prompt uid,
+    turn) groups, advantage 0 for void turns (see the module's doc), broadcast to each turn's answer tokens.
     Returns (advantages, returns), [B, L] each, 0 off the loss mask."""
-    gamma = _check_trainer(config)
+    _check_algorithm(config)
     if index is None:
         raise ValueError("the trloo estimator needs the prompt uid of each row (verl passes non_tensor_batch['uid'])")
     if token_level_rewards.shape != response_mask.shape or token_level_rewards.ndim != 2:
@@ -427,35 +409,31 @@ def compute_trloo_advantage(
                          f"{tuple(token_level_rewards.shape)}, {tuple(response_mask.shape)}")
     if len(index) != token_level_rewards.shape[0]:
         raise ValueError(f"{len(index)} uids for {token_level_rewards.shape[0]} rows")
-    rows = [episode_turns(token_level_rewards[b], response_mask[b]) for b in range(token_level_rewards.shape[0])]
-    flat = [(b, t) for b, turns in enumerate(rows) for t in range(len(turns))]
+    rows = [episode_turns(token_level_rewards[b], response_mask[b]) for b in range(len(index))]
+    # the void-turn rule reads only the trajectory, the turn and the reward of a JudgedTurn
+    turns = [JudgedTurn(b, n + 1, t.reward, t.reward > 0, None)
+             for b, row in enumerate(rows) for n, t in enumerate(row)]
+    returns = turn_returns(turns)
+    adv = advantages(returns, [index[t.trajectory] for t in turns], [t.turn for t in turns], ESTIMATOR)
+    void = void_turns(turns)
     token_advantages = torch.zeros_like(token_level_rewards, dtype=torch.float64)
     token_returns = torch.zeros_like(token_level_rewards, dtype=torch.float64)
-    if flat:
-        per_turn = torch.zeros(len(rows), max(len(turns) for turns in rows), dtype=torch.float64)
-        for b, turns in enumerate(rows):
-            per_turn[b, :len(turns)] = torch.tensor([t.reward for t in turns], dtype=torch.float64)
-        returns = reward_to_go(per_turn, gamma=gamma, lengths=torch.tensor([len(turns) for turns in rows]))
-        flat_returns = torch.stack([returns[b, t] for b, t in flat])
-        advantages = trloo_advantages(flat_returns, [index[b] for b, _ in flat], [t for _, t in flat])
-        # the void-turn rule reads only the trajectory, the turn and its reward of a JudgedTurn
-        void = void_turns([JudgedTurn(b, t + 1, rows[b][t].reward, rows[b][t].reward > 0, None) for b, t in flat])
-        for n, (b, t) in enumerate(flat):
-            turn = rows[b][t]
-            if turn.in_loss:
-                token_returns[b, turn.start:turn.end] = flat_returns[n]
-                if not void[n]:
-                    token_advantages[b, turn.start:turn.end] = advantages[n]
+    for n, turn in enumerate(turns):
+        row = rows[turn.trajectory][turn.turn - 1]
+        if row.in_loss:
+            token_returns[turn.trajectory, row.start:row.end] = returns[n]
+            token_advantages[turn.trajectory, row.start:row.end] = 0.0 if void[n] else adv[n]
     mask = response_mask.to(torch.float64)
     dtype = token_level_rewards.dtype
     return (token_advantages * mask).to(dtype), (token_returns * mask).to(dtype)
 
 
 def mrs_rollout_correction(low: float = 0.999, high: float = 1.001, veto: float = 1e-4) -> dict[str, Any]:
-    """`algorithm.rollout_correction` for MRS (`drkernel.rl.mismatch_keep_mask`): verl's `bypass_ppo_clip_geo_rs`
-    preset with bounds that keep exactly a geometric-mean trainer/rollout ratio in [low, high] (verl bounds the
-    rollout/trainer mean, hence the reciprocals), plus `seq_max_k2`, which rejects a sequence with a token whose
-    |log ratio| exceeds |log veto|: MRS's veto of ratios below `veto`, and also of ratios above 1 / veto."""
+    """`algorithm.rollout_correction` for MRS (`drkernel.rl.mismatch_keep_mask`) on whole episodes: verl's
+    `bypass_ppo_clip_geo_rs` preset with bounds that keep exactly a geometric-mean trainer/rollout ratio in
+    [low, high] (verl bounds the rollout/trainer mean, hence the reciprocals), plus `seq_max_k2`, which rejects an
+    episode with a token whose |log ratio| exceeds |log veto|: MRS's veto of ratios below `veto`, and also of ratios
+    above 1 / veto, which MRS keeps."""
     if not 0 < low <= high or not 0 < veto < 1:
         raise ValueError(f"need 0 < low <= high and 0 < veto < 1, not low={low}, high={high}, veto={veto}")
     return {
