@@ -2,9 +2,11 @@
 
     python examples/trl_openenv_grpo.py --model PATH [--tasks examples/tasks] [--env-url http://HOST:8000]
 
-The environment plays whole episodes: `reset(task=KEY)` gives the first chat, each `step(KernelAction(answer))`
-judges one answer with drkernel's verdicts and gives the next turn's chat, `done` after the episode's last turn
-(`--turns`, 3 as the paper trains, for the in-process environment; the server's own setting behind `--env-url`).
+Every episode goes through openenv-core's client: to a server at `--env-url` (drkernel.integrations.openenv's
+`create_server`, run elsewhere), or else to one this script serves on the loopback, judging on the embedded
+scheduler. `reset(task=KEY)` gives the first chat, each `step(KernelAction(answer))` judges one answer with
+drkernel's verdicts and gives the next turn's chat, `done` after the episode's last turn (`--turns`, 3 as the paper
+trains, for the script's own server; the server's own setting behind `--env-url`).
 
 TRL 1.16 offers two ways to put an environment under GRPOTrainer. `environment_factory` exposes the environment's
 methods as tools that the model must call in its chat template's tool-call syntax; drkernel's environment takes a
@@ -17,7 +19,7 @@ whole answer (a ModelNew in a python block, as its prompts ask), so this example
 - every answer goes to the environment, which judges it; the tokens that the next turn's chat adds (the end of the
   answer, the feedback, the opening of the next answer) join the completion with env_mask 0, so the loss skips them;
   this needs a chat template that renders earlier turns verbatim (ChatML does) and the environment's `full` context
-  policy (its default), and is refused otherwise;
+  policy (its default), and is refused otherwise (`drkernel train` lays out its own rollouts the same way);
 - GRPO takes one reward per completion: here the episode's return, the sum of the rewards the environment gave its
   turns. Per-turn credit (TRLOO, the paper's), PRS, MRS and the void-turn rule are in `drkernel train`, not here.
 """
@@ -26,18 +28,20 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+import threading
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol, TypeVar
+from typing import Any, TypeVar
 
+import uvicorn
 from datasets import Dataset
 from trl import GRPOConfig, GRPOTrainer
 
 from drkernel.agent.evaluate import BackendEvaluator
-from drkernel.integrations.openenv import (
-    EpisodeConfig, KernelAction, KernelEnvClient, KernelEnvironment, KernelObservation)
+from drkernel.integrations.openenv import EpisodeConfig, KernelAction, KernelEnvClient, KernelObservation, create_server
 from drkernel.runner.devices import resolve_device
 from drkernel.scheduling.scheduler import Scheduler
 from drkernel.schema import EvalOptions
@@ -46,34 +50,8 @@ from drkernel.tasks import Task, load_task_dir
 T = TypeVar("T")
 
 
-class Session(Protocol):
-    """One episode at a time on the environment, in process or on a server."""
-
-    async def reset(self, task: str) -> KernelObservation: ...
-
-    async def step(self, answer: str) -> KernelObservation: ...
-
-    async def close(self) -> None: ...
-
-
-class LocalSession:
-    """An in-process `KernelEnvironment` (its own episode state, the evaluator shared)."""
-
-    def __init__(self, env: KernelEnvironment) -> None:
-        self.env = env
-
-    async def reset(self, task: str) -> KernelObservation:
-        return await self.env.reset_async(task=task)
-
-    async def step(self, answer: str) -> KernelObservation:
-        return await self.env.step_async(KernelAction(answer=answer))
-
-    async def close(self) -> None:
-        return None
-
-
-class RemoteSession:
-    """A WebSocket session on a `create_server` app (`drkernel.integrations.openenv`), through openenv-core's client."""
+class EnvSession:
+    """One episode at a time on a drkernel OpenEnv server: a WebSocket session of openenv-core's client."""
 
     def __init__(self, url: str, timeout_s: float) -> None:
         self.client = KernelEnvClient(base_url=url, message_timeout_s=timeout_s)
@@ -86,6 +64,23 @@ class RemoteSession:
 
     async def close(self) -> None:
         await self.client.close()
+
+
+@contextlib.contextmanager
+def local_server(app: Any) -> Iterator[str]:
+    """Serve `app` on a free loopback port in a thread; yields its URL, stops it on exit."""
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    while not server.started:
+        if not thread.is_alive():
+            raise RuntimeError("the environment server did not start")
+        thread.join(0.05)
+    try:
+        yield f"http://127.0.0.1:{server.servers[0].sockets[0].getsockname()[1]}"
+    finally:
+        server.should_exit = True
+        thread.join(30)
 
 
 @dataclass
@@ -123,9 +118,9 @@ class EnvironmentRollout:
     opened it.
     """
 
-    def __init__(self, new_session: Callable[[], Session]) -> None:
+    def __init__(self, new_session: Callable[[], EnvSession]) -> None:
         self.new_session = new_session
-        self.sessions: list[Session] = []
+        self.sessions: list[EnvSession] = []
         self.task_of: dict[str, str] = {}  # the first chat (as JSON) -> its task's key
         self.loop = asyncio.new_event_loop()
 
@@ -230,11 +225,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                    help="task folder; behind --env-url, the tasks to ask the server for (its set must hold them)")
     p.add_argument("--task", action="append", default=[], metavar="KEY", help="train on this task only (repeatable)")
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
-                   help="where the policy trains and the in-process environment judges")
-    p.add_argument("--env-url", help="a drkernel OpenEnv server (create_server) to use instead of an in-process one")
+                   help="where the policy trains and the server served here judges")
+    p.add_argument("--env-url", help="a drkernel OpenEnv server to use instead of serving one here")
     p.add_argument("--env-timeout-s", type=float, default=600.0, help="how long to wait for the server's answer")
-    p.add_argument("--turns", type=int, default=3, help="answers per episode (in-process environment)")
-    p.add_argument("--eval-timeout-s", type=float, default=180.0, help="limit of one evaluation (in-process)")
+    p.add_argument("--turns", type=int, default=3, help="answers per episode (the server served here)")
+    p.add_argument("--eval-timeout-s", type=float, default=180.0, help="limit of one evaluation (served here)")
     p.add_argument("--max-steps", type=int, default=100, help="optimizer steps")
     p.add_argument("--output-dir", type=Path, default=Path("runs/trl_openenv_grpo"))
     p.add_argument("--num-generations", type=int, default=16, help="episodes per task in a GRPO group")
@@ -290,21 +285,21 @@ def grpo_config(args: argparse.Namespace, device: str) -> GRPOConfig:
     )
 
 
-def train(args: argparse.Namespace, new_session: Callable[[], Session] | None = None) -> GRPOTrainer:
-    """Build the trainer and run `args.max_steps` steps; `new_session` replaces the sessions the arguments name."""
+def train(args: argparse.Namespace, new_session: Callable[[str], EnvSession] | None = None) -> GRPOTrainer:
+    """Build the trainer and run `args.max_steps` steps on the server at `--env-url`, or on one served here;
+    `new_session(url)` opens each session (tests wrap them to watch the episodes)."""
     device = resolve_device(args.device)
     tasks = select_tasks(args.tasks, args.task)
-    scheduler = None
-    if new_session is None and args.env_url:
-        url, timeout_s = args.env_url, args.env_timeout_s
-        new_session = lambda: RemoteSession(url, timeout_s)  # noqa: E731
-    elif new_session is None:
-        scheduler = Scheduler(device=device)
-        options = EvalOptions(device=device, timeout_s=args.eval_timeout_s, measure_performance=device == "cuda")
-        evaluator, episode = BackendEvaluator(scheduler, options), EpisodeConfig(turns=args.turns)
-        new_session = lambda: LocalSession(KernelEnvironment(tasks, evaluator, episode))  # noqa: E731
-    rollout = EnvironmentRollout(new_session)
-    try:
+    new_session = new_session or (lambda url: EnvSession(url, args.env_timeout_s))
+    with contextlib.ExitStack() as stack:
+        url = args.env_url
+        if url is None:
+            scheduler = stack.enter_context(contextlib.closing(Scheduler(device=device)))
+            options = EvalOptions(device=device, timeout_s=args.eval_timeout_s, measure_performance=device == "cuda")
+            app = create_server(tasks, BackendEvaluator(scheduler, options), EpisodeConfig(turns=args.turns))
+            url = stack.enter_context(local_server(app))
+        rollout = EnvironmentRollout(lambda: new_session(url))
+        stack.callback(rollout.close)
         trainer = GRPOTrainer(
             model=args.model,
             reward_funcs=[environment_return],
@@ -314,10 +309,6 @@ def train(args: argparse.Namespace, new_session: Callable[[], Session] | None = 
         )
         trainer.train()
         return trainer
-    finally:
-        rollout.close()
-        if scheduler is not None:
-            scheduler.close()
 
 
 def main(argv: Sequence[str] | None = None) -> int:

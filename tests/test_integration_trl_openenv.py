@@ -1,13 +1,11 @@
-"""examples/trl_openenv_grpo.py: TRL's GRPOTrainer takes an optimizer step on drkernel's OpenEnv environment, on the
-CPU, with a tiny random policy, and its rewards are the environment's verdicts."""
+"""examples/trl_openenv_grpo.py: TRL's GRPOTrainer takes an optimizer step on drkernel's OpenEnv environment,
+through openenv-core's client, on the CPU, with a tiny random policy, and its rewards are the environment's
+verdicts."""
 
 from __future__ import annotations
 
 import importlib.util
-import socket
 import sys
-import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -15,24 +13,20 @@ import pytest
 pytest.importorskip("trl")
 pytest.importorskip("openenv")
 torch = pytest.importorskip("torch")
-uvicorn = pytest.importorskip("uvicorn")
+pytest.importorskip("uvicorn")
 
-from drkernel.agent.evaluate import BackendEvaluator  # noqa: E402
 from drkernel.agent.replay import fenced  # noqa: E402
-from drkernel.integrations.openenv import (  # noqa: E402
-    EpisodeConfig, KernelEnvironment, KernelObservation, create_server)
-from drkernel.scheduling.scheduler import Scheduler  # noqa: E402
-from drkernel.schema import EvalOptions  # noqa: E402
+from drkernel.integrations.openenv import EpisodeConfig, KernelObservation, create_server  # noqa: E402
 from drkernel.tasks import load_task_dir  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 CANDIDATES = REPO / "examples" / "candidates"
-OPTIONS = EvalOptions(device="cpu", measure_performance=False, correctness_trials=1, timeout_s=120)
 TURNS = 2
 CORRECT = fenced((CANDIDATES / "2_relu__triton.py").read_text())
 
 
-def _example():
+@pytest.fixture(scope="module")
+def example():
     spec = importlib.util.spec_from_file_location("trl_openenv_grpo", REPO / "examples" / "trl_openenv_grpo.py")
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # dataclasses look their module up
@@ -40,10 +34,25 @@ def _example():
     return module
 
 
+@pytest.fixture(scope="module")
+def policy(tmp_path_factory) -> Path:
+    from drkernel.train.policy import PolicyShape, build_policy
+
+    texts = [p.read_text() for p in sorted(CANDIDATES.glob("*.py"))]
+    return build_policy(tmp_path_factory.mktemp("policy"), texts, PolicyShape(hidden_size=32, intermediate_size=64))
+
+
+def _args(policy: Path, out: Path, *more: str) -> list[str]:
+    return [
+        "--model", str(policy), "--task", "2_relu", "--device", "cpu", "--max-steps", "1", "--output-dir", str(out),
+        "--num-generations", "2", "--max-completion-length", "8", *more,
+    ]
+
+
 class Spy:
-    """A session of the example's in-process environment that records every step. `scripted` replaces the model's
-    last answer by a correct kernel, so that the group's rewards differ and GRPO has a gradient (the earlier turns
-    stay the model's, as the next turn's chat must extend them)."""
+    """A session that records every step. `scripted` replaces the model's last answer by a correct kernel, so that
+    the group's rewards differ and GRPO has a gradient (the earlier turns stay the model's, as the next turn's chat
+    must extend them)."""
 
     def __init__(self, session, scripted: bool) -> None:
         self.session, self.scripted = session, scripted
@@ -66,36 +75,28 @@ class Spy:
 
 
 @pytest.mark.slow
-def test_grpo_takes_a_step_on_environment_rewards(tmp_path: Path) -> None:
-    from transformers import AutoModelForCausalLM
+def test_grpo_takes_a_step_on_environment_rewards(example, policy: Path, tmp_path: Path, monkeypatch) -> None:
+    """The script's own server (the embedded scheduler judging on the CPU), the sessions and the rollout watched."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from drkernel.train.policy import PolicyShape, build_policy
-
-    example = _example()
-    texts = [p.read_text() for p in sorted(CANDIDATES.glob("*.py"))]
-    policy = build_policy(tmp_path / "policy", texts, PolicyShape(hidden_size=32, intermediate_size=64))
-    tasks = [t for t in load_task_dir(REPO / "examples" / "tasks") if t.key == "2_relu"]
-    scheduler = Scheduler(device="cpu", workers=1, cache_entries=0)
-    evaluator = BackendEvaluator(scheduler, OPTIONS)
     spies: list[Spy] = []
+    rollouts: list[dict] = []
+    play = example.EnvironmentRollout.__call__
+    monkeypatch.setattr(example.EnvironmentRollout, "__call__",
+                        lambda self, prompts, trainer: rollouts.append(play(self, prompts, trainer)) or rollouts[-1])
 
-    def new_session() -> Spy:
-        env = KernelEnvironment(tasks, evaluator, EpisodeConfig(turns=TURNS))
-        spies.append(Spy(example.LocalSession(env), scripted=not spies))  # the first session's last answer
+    def new_session(url: str) -> Spy:
+        spies.append(Spy(example.EnvSession(url, 300), scripted=not spies))  # the first session's last answer
         return spies[-1]
 
-    args = example.parse_args([
-        "--model", str(policy), "--task", "2_relu", "--device", "cpu", "--max-steps", "1", "--output-dir",
-        str(tmp_path / "run"), "--num-generations", "2", "--max-completion-length", "8", "--turns", str(TURNS),
-    ])
-    try:
-        trainer = example.train(args, new_session)
-    finally:
-        scheduler.close()
+    args = example.parse_args(_args(policy, tmp_path / "run", "--turns", str(TURNS)))
+    trainer = example.train(args, new_session)
 
     assert trainer.state.global_step == 1
-    assert len(spies) == 2 and all(len(s.steps) == TURNS for s in spies)
-    for spy in spies:
+    # the dataset's first chats came through a session of its own; then one session per episode of the group
+    episodes = [s for s in spies if s.steps]
+    assert len(spies) == 2 and len(episodes) == 2 and all(len(s.steps) == TURNS for s in episodes)
+    for spy in episodes:
         for answer, sent, observation in spy.steps:
             if sent == answer:  # the tiny model's text holds no code: the environment calls it a format error
                 assert "```" not in answer
@@ -104,9 +105,19 @@ def test_grpo_takes_a_step_on_environment_rewards(tmp_path: Path) -> None:
         # the next turn's chat shows the model's answer verbatim: the turns were one sequence
         assert first.messages[1] == {"role": "assistant", "content": first_answer} and not first.done
         assert spy.steps[-1][2].done
+    # each completion: the model's answers under env_mask 1, the environment's feedback under env_mask 0
+    tokenizer = AutoTokenizer.from_pretrained(policy)
+    (rollout,) = rollouts
+    for spy, ids, mask in zip(episodes, rollout["completion_ids"], rollout["env_mask"]):
+        runs = torch.tensor(mask).diff(prepend=torch.tensor([0]), append=torch.tensor([0])).nonzero().flatten()
+        spans = runs.view(-1, 2).tolist()
+        answers = [ids[a:b - 1] if ids[b - 1] == tokenizer.eos_token_id else ids[a:b] for a, b in spans]
+        assert [example._decode(tokenizer, a) for a in answers] == [answer for answer, _, _ in spy.steps]
+        environment = tokenizer.decode([i for i, m in zip(ids, mask) if not m])
+        assert spy.steps[0][2].feedback in environment
     judged = spies[0].steps[-1][2]
-    assert (judged.status, judged.reward) == ("correct", 0.5)  # verdicts of the real evaluator
-    returns = [sum(o.reward for _, _, o in s.steps) for s in spies]
+    assert (judged.status, judged.reward) == ("correct", 0.5)  # a verdict of the real evaluator
+    returns = [sum(o.reward for _, _, o in s.steps) for s in episodes]
     logged = trainer.state.log_history[0]
     assert logged["rewards/environment_return/mean"] == pytest.approx(sum(returns) / len(returns)) == 0.25
     assert torch.isfinite(torch.tensor(logged["loss"]))
@@ -120,42 +131,16 @@ class NoEvaluator:
         raise AssertionError("an answer without code is judged without the evaluator")
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 @pytest.mark.slow
-def test_the_command_line_trains_behind_a_server(tmp_path: Path) -> None:
-    from drkernel.train.policy import PolicyShape, build_policy
-
-    example = _example()
-    texts = [p.read_text() for p in sorted(CANDIDATES.glob("*.py"))]
-    policy = build_policy(tmp_path / "policy", texts, PolicyShape(hidden_size=32, intermediate_size=64))
+def test_the_command_line_trains_behind_a_server(example, policy: Path, tmp_path: Path) -> None:
     tasks = [t for t in load_task_dir(REPO / "examples" / "tasks") if t.key == "2_relu"]
-    port = _free_port()
-    server = uvicorn.Server(uvicorn.Config(create_server(tasks, NoEvaluator(), EpisodeConfig(turns=TURNS)),
-                                           host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    try:
-        deadline = time.monotonic() + 30
-        while not server.started and time.monotonic() < deadline:
-            time.sleep(0.05)
+    with example.local_server(create_server(tasks, NoEvaluator(), EpisodeConfig(turns=TURNS))) as url:
         out = tmp_path / "run"
-        assert example.main([
-            "--model", str(policy), "--task", "2_relu", "--device", "cpu", "--max-steps", "1", "--output-dir",
-            str(out), "--num-generations", "2", "--max-completion-length", "8", "--env-url", f"http://127.0.0.1:{port}",
-        ]) == 0
-    finally:
-        server.should_exit = True
-        thread.join(10)
+        assert example.main(_args(policy, out, "--env-url", url)) == 0
     assert (out / "config.json").is_file() and list(out.glob("*.safetensors"))  # the trained policy, saved
 
 
-def test_bad_arguments_are_refused(tmp_path: Path) -> None:
-    example = _example()
+def test_bad_arguments_are_refused(example) -> None:
     with pytest.raises(SystemExit):
         example.parse_args(["--model", "m", "--num-generations", "1"])
     with pytest.raises(ValueError, match="no task nope in"):
