@@ -4,7 +4,6 @@ rewards and next prompts that `drkernel bench`'s loop gives the same answers."""
 from __future__ import annotations
 
 import asyncio
-from concurrent.futures import Future
 from pathlib import Path
 
 import pytest
@@ -22,10 +21,10 @@ from drkernel.integrations.openenv import (  # noqa: E402
     OPENENV_PATH, EpisodeConfig, EpisodeError, KernelAction, KernelEnvClient, KernelEnvironment, create_server,
     create_service)
 from drkernel.scheduling.scheduler import Scheduler  # noqa: E402
-from drkernel.schema import EvalOptions, EvalRequest, EvalResult  # noqa: E402
+from drkernel.schema import EvalOptions  # noqa: E402
 from drkernel.service.dispatcher import Dispatcher  # noqa: E402
 from drkernel.service.store import Store  # noqa: E402
-from test_service_api import serving_app as serving  # noqa: E402
+from test_service_api import AUTH, TOKEN, ScriptedBackend, serving_app as serving  # noqa: E402
 from drkernel.tasks import load_task_dir  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
@@ -77,54 +76,31 @@ def test_an_openenv_episode_matches_bench_on_the_same_answers(tmp_path: Path) ->
         scheduler.close()
 
 
-class ScriptedBackend:
-    """A backend that calls every candidate correct at once, and keeps what it was asked."""
-
-    device = "cpu"
-
-    def __init__(self) -> None:
-        self.requests: list[EvalRequest] = []
-
-    def submit(self, request: EvalRequest) -> Future:
-        self.requests.append(request)
-        future: Future = Future()
-        future.set_result(EvalResult(status="correct", correct=True))
-        return future
-
-    def workers(self) -> list[dict]:
-        return [{"name": "scripted0"}]
-
-    def close(self) -> None:
-        pass
-
-
 def test_the_environment_on_the_service_stores_every_judged_answer(tmp_path: Path) -> None:
     tasks = [t for t in load_task_dir(REPO / "examples" / "tasks") if t.key == "2_relu"]
-    backend = ScriptedBackend()
+    backend = ScriptedBackend()  # judges a candidate "verdict <status>" as it asks
     dispatcher = Dispatcher(Store(tmp_path / "store.db"), backend, backend.device)
     app = create_service(dispatcher, tasks, EpisodeConfig(turns=3), EvalOptions(device="cpu"))
+    correct = fenced("verdict correct\nclass ModelNew: pass")
     with serving(app) as url:
         with KernelEnvClient(base_url=url + OPENENV_PATH, message_timeout_s=60).sync() as env:
             env.reset(task="2_relu")
-            steps = [env.step(KernelAction(answer=answer)) for answer in (ANSWERS[0], ANSWERS[2], ANSWERS[0])]
+            steps = [env.step(KernelAction(answer=answer)) for answer in (correct, ANSWERS[2], correct)]
         assert [s.observation.status for s in steps] == ["correct", "format_error", "correct"]
         assert [s.reward for s in steps] == [0.5, 0.0, 0.5]
-        # the service's own API on the same server
-        assert httpx.get(url + "/v1/health").status_code == 200
+        assert httpx.get(url + "/v1/health").status_code == 200  # the service's own API on the same server
     # both answers with code are in the durable store; the second, identical, got the stored verdict
-    store = Store(tmp_path / "store.db")
-    assert store.counts() == {"queued": 0, "running": 0, "done": 2}
-    assert [r.candidate for r in backend.requests] == [extract_code(ANSWERS[0])]
-    assert {row.task_name for row in backend.requests} == {"2_relu"}
+    assert Store(tmp_path / "store.db").counts() == {"queued": 0, "running": 0, "done": 2}
+    assert [(r.candidate, r.task_name) for r in backend.submitted] == [(extract_code(correct), "2_relu")]
 
 
 def test_the_service_token_guards_the_environment(tmp_path: Path) -> None:
     tasks = [t for t in load_task_dir(REPO / "examples" / "tasks") if t.key == "2_relu"]
     backend = ScriptedBackend()
-    app = create_service(Dispatcher(Store(tmp_path / "store.db"), backend, backend.device), tasks, token="s3cret")
+    app = create_service(Dispatcher(Store(tmp_path / "store.db"), backend, backend.device), tasks, token=TOKEN)
     with serving(app) as url:
         assert httpx.get(url + OPENENV_PATH + "/health").status_code == 401
-        assert httpx.get(url + OPENENV_PATH + "/health", headers={"Authorization": "Bearer s3cret"}).status_code == 200
+        assert httpx.get(url + OPENENV_PATH + "/health", headers=AUTH).status_code == 200
         with pytest.raises(ConnectionError):  # openenv-core's client sends no token
             with KernelEnvClient(base_url=url + OPENENV_PATH).sync() as env:
                 env.reset(task="2_relu")

@@ -196,7 +196,7 @@ class ScriptedEvaluator:
 AGENT_LOOP_ENTRY = OmegaConf.load(REPO / "examples" / "verl" / "agent_loops.yaml")[0]
 
 
-def _run_episode(tokenizer, tasks, server, evaluator, task="2_relu", **settings) -> AgentLoopOutput:
+def _run_episode(tokenizer, server, evaluator, task="2_relu", **settings) -> AgentLoopOutput:
     """One episode, the agent loop built as verl's AgentLoopWorker builds it: hydra's instantiate of the example's
     agent loop file entry (overridden by `settings`), inside the worker's running event loop."""
     trainer = OmegaConf.create({"actor_rollout_ref": {"rollout": {"prompt_length": 4096, "response_length": 8192}},
@@ -225,7 +225,7 @@ def test_agent_loop_episode_matches_the_judged_answers(tokenizer, tasks):
                                              timeout_s=120))
     try:
         server = ScriptedServer(tokenizer, [CORRECT_ANSWER, NO_CODE_ANSWER])
-        out = _run_episode(tokenizer, tasks, server, evaluator, turns=2, prs=False)
+        out = _run_episode(tokenizer, server, evaluator, turns=2, prs=False)
         task = {t.key: t for t in tasks}["2_relu"]
         texts = [tokenizer.decode(ids, skip_special_tokens=True) for ids in server.answered]
         judged = [asyncio.run(judge_answer(task, text, evaluator, RewardConfig(profiling_reward=True),
@@ -260,11 +260,11 @@ def _correct(coverage):
     return EvalResult(status="correct", correct=True, profile=Profile(coverage=coverage, meaningful=True))
 
 
-def test_prs_and_void_turns_leave_the_loss_but_not_the_baseline(tokenizer, tasks):
+def test_prs_and_void_turns_leave_the_loss_but_not_the_baseline(tokenizer):
     # turn 1 correct but lazy (coverage 0: PRS always drops it), turn 2 without code after it (void), turn 3 correct
-    lazy = _run_episode(tokenizer, tasks, ScriptedServer(tokenizer, [CORRECT_ANSWER, NO_CODE_ANSWER, CORRECT_ANSWER]),
+    lazy = _run_episode(tokenizer, ScriptedServer(tokenizer, [CORRECT_ANSWER, NO_CODE_ANSWER, CORRECT_ANSWER]),
                         ScriptedEvaluator([_correct(0.0), _correct(1.0)]))
-    plain = _run_episode(tokenizer, tasks, ScriptedServer(tokenizer, [NO_CODE_ANSWER, CORRECT_ANSWER, CORRECT_ANSWER]),
+    plain = _run_episode(tokenizer, ScriptedServer(tokenizer, [NO_CODE_ANSWER, CORRECT_ANSWER, CORRECT_ANSWER]),
                          ScriptedEvaluator([_correct(1.0), _correct(0.5)]))
     assert lazy.extra_fields[plugin.TURN_SCORES] == [0.5, 0.0, 1.0]
     assert lazy.extra_fields[plugin.TURN_PRS_KEPT] == [False, True, True]
@@ -291,11 +291,33 @@ def test_prs_and_void_turns_leave_the_loss_but_not_the_baseline(tokenizer, tasks
     assert torch.all(advantages[1, p1:q1] == signals[3].advantage)
 
 
-def test_agent_loop_refuses_bad_settings(tokenizer, tasks):
+def test_agent_loop_judges_on_the_configured_service(tokenizer, tasks, monkeypatch, tmp_path):
+    """No evaluator given: the agent loop opens the engine its settings name, once per process (here a `drkernel
+    serve` app over a scripted backend, its token from $DRKERNEL_TOKEN)."""
+    from test_service_api import TOKEN, ScriptedBackend, serving
+
+    from drkernel.agent.replay import fenced
+    from drkernel.service.dispatcher import Dispatcher
+    from drkernel.service.store import Store
+
+    monkeypatch.setenv("DRKERNEL_TOKEN", TOKEN)
+    monkeypatch.setattr(plugin, "_ENGINES", {})  # as in a fresh worker process
+    monkeypatch.setattr(plugin, "_CLOSERS", [])
+    backend = ScriptedBackend()  # judges a candidate "verdict <status>" as it asks
+    answers = [fenced("verdict correct\nclass ModelNew: pass"), fenced("verdict wrong\nclass ModelNew: pass")]
+    with serving(Dispatcher(Store(tmp_path / "store.db"), backend, backend.device)) as url:
+        out = _run_episode(tokenizer, ScriptedServer(tokenizer, answers), None, service=url, turns=2, prs=False)
+    assert out.extra_fields[plugin.TURN_STATUS] == ["correct", "wrong"]
+    relu = {t.key: t for t in tasks}["2_relu"]
+    assert [r.reference for r in backend.submitted] == [relu.code, relu.code]
+    assert len(plugin._ENGINES) == len(plugin._CLOSERS) == 1
+
+
+def test_agent_loop_refuses_bad_settings(tokenizer):
     with pytest.raises(hydra.errors.InstantiationException, match="unknown drkernel agent loop setting"):
-        _run_episode(tokenizer, tasks, ScriptedServer(tokenizer, []), ScriptedEvaluator([]), turn=3)
+        _run_episode(tokenizer, ScriptedServer(tokenizer, []), ScriptedEvaluator([]), turn=3)
     with pytest.raises(ValueError, match="unknown task"):
-        _run_episode(tokenizer, tasks, ScriptedServer(tokenizer, []), ScriptedEvaluator([]), task="nope")
+        _run_episode(tokenizer, ScriptedServer(tokenizer, []), ScriptedEvaluator([]), task="nope")
 
 
 def test_dataset_rows_name_the_agent_loop_and_the_task(tasks, tmp_path):
