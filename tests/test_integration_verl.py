@@ -320,14 +320,17 @@ def test_agent_loop_refuses_bad_settings(tokenizer):
         _run_episode(tokenizer, ScriptedServer(tokenizer, []), ScriptedEvaluator([]), task="nope")
 
 
-def test_dataset_rows_name_the_agent_loop_and_the_task(tasks, tmp_path):
-    import pyarrow.parquet as pq
+def test_dataset_rows_name_the_agent_loop_and_the_task(tokenizer, tasks, tmp_path):
+    from verl.utils.dataset.rl_dataset import RLHFDataset
 
     path = plugin.write_dataset(tasks, tmp_path / "train.parquet")
-    rows = pq.read_table(path).to_pylist()
-    assert [r["extra_info"]["task"] for r in rows] == [t.key for t in tasks]
+    config = OmegaConf.create({"max_prompt_length": 4096, "cache_dir": str(tmp_path / "cache")})
+    dataset = RLHFDataset(str(path), tokenizer, config)  # as verl's trainer reads data.train_files
+    rows = [dataset[i] for i in range(len(dataset))]
+    assert [r["extra_info"]["task"] for r in rows] == [r["reward_model"]["ground_truth"] for r in rows] == [
+        t.key for t in tasks]
     assert {r["agent_name"] for r in rows} == {plugin.AGENT_LOOP}
-    assert rows[0]["prompt"] == [{"role": "user", "content": first_turn_prompt(tasks[0].code)}]
+    assert rows[0]["raw_prompt"] == [{"role": "user", "content": first_turn_prompt(tasks[0].code)}]
 
 
 def test_only_the_plugin_imports_verl():

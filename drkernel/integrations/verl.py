@@ -447,9 +447,12 @@ def mrs_rollout_correction(low: float = 0.999, high: float = 1.001, veto: float 
 
 def dataset_rows(tasks: Sequence[Task], templates: PromptTemplates = PromptTemplates()) -> list[dict[str, Any]]:
     """verl RL dataset rows, one per task: the first prompt (for verl's length filter; the agent loop builds its own
-    from the task), the agent loop's name and the task's key."""
+    from the task), the agent loop's name and the task's key (in `extra_info`, which the agent loop reads, and as
+    `reward_model.ground_truth`, which verl's v1 trainer reads when it logs generations: the rewards are the agent
+    loop's)."""
     return [{"data_source": DATA_SOURCE, "prompt": [{"role": "user", "content": first_turn_prompt(t.code, templates)}],
-             "agent_name": AGENT_LOOP, "extra_info": {"task": t.key, "index": i}} for i, t in enumerate(tasks)]
+             "agent_name": AGENT_LOOP, "reward_model": {"style": DATA_SOURCE, "ground_truth": t.key},
+             "extra_info": {"task": t.key, "index": i}} for i, t in enumerate(tasks)]
 
 
 def write_dataset(tasks: Sequence[Task], path: str | Path, templates: PromptTemplates = PromptTemplates()) -> Path:
