@@ -1,5 +1,6 @@
 """drkernel as a verl plugin (`pip install drkernel[verl]`, verl 0.9.1): the kernel episode as an agent loop, TRLOO
-as an advantage estimator, PRS and the void-turn rule as loss masks, MRS as verl's rollout correction.
+as an advantage estimator, PRS as a loss mask, the void-turn rule as a zero advantage, MRS as verl's rollout
+correction.
 
 Importing this module registers, in verl's own registries:
 
