@@ -275,7 +275,7 @@ def test_bad_input_clear_messages_and_exit_codes(tmp_path):
 def test_bench_evaluates_through_the_service(tmp_path):
     """`--service URL`: the verdicts come from a `drkernel serve` app (over a backend that answers at once)."""
     pytest.importorskip("fastapi")
-    from test_service_api import TOKEN, ScriptedBackend, serving
+    from tests.test_service_api import TOKEN, ScriptedBackend, serving
 
     from drkernel.service.dispatcher import Dispatcher
     from drkernel.service.store import Store

@@ -138,8 +138,8 @@ def test_cli_returns_no_secret(planted: list[str], tmp_path: Path) -> None:
 def test_service_returns_no_secret(planted: list[str], tmp_path: Path) -> None:
     pytest.importorskip("fastapi")
     import httpx
-    from test_service_api import TOKEN
-    from test_service_e2e import server
+    from tests.test_service_api import TOKEN
+    from tests.test_service_e2e import server
 
     store = tmp_path / "service.db"
     with server(store) as running:

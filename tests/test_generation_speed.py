@@ -6,7 +6,7 @@ import importlib.util
 import json
 from pathlib import Path
 
-from test_agent_hf import tiny_model
+from tests.test_agent_hf import tiny_model
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -4,24 +4,27 @@ rewards and next prompts that `drkernel bench`'s loop gives the same answers."""
 from __future__ import annotations
 
 import asyncio
-import socket
-import threading
-import time
 from pathlib import Path
 
 import pytest
 
 pytest.importorskip("openenv")
 uvicorn = pytest.importorskip("uvicorn")
+httpx = pytest.importorskip("httpx")
 
 from drkernel.agent.backends import Completion  # noqa: E402
 from drkernel.agent.evaluate import BackendEvaluator  # noqa: E402
 from drkernel.agent.loop import LoopConfig, run_loop  # noqa: E402
 from drkernel.agent.replay import fenced  # noqa: E402
+from drkernel.agent.parsing import extract_code  # noqa: E402
 from drkernel.integrations.openenv import (  # noqa: E402
-    EpisodeConfig, EpisodeError, KernelAction, KernelEnvClient, KernelEnvironment, create_server)
+    OPENENV_PATH, EpisodeConfig, EpisodeError, KernelAction, KernelEnvClient, KernelEnvironment, create_server,
+    create_service)
 from drkernel.scheduling.scheduler import Scheduler  # noqa: E402
 from drkernel.schema import EvalOptions  # noqa: E402
+from drkernel.service.dispatcher import Dispatcher  # noqa: E402
+from drkernel.service.store import Store  # noqa: E402
+from tests.test_service_api import AUTH, TOKEN, ScriptedBackend, serving_app as serving  # noqa: E402
 from drkernel.tasks import load_task_dir  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
@@ -45,27 +48,14 @@ class Answers:
         pass
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 @pytest.mark.slow
 def test_an_openenv_episode_matches_bench_on_the_same_answers(tmp_path: Path) -> None:
     tasks = [t for t in load_task_dir(REPO / "examples" / "tasks") if t.key == "2_relu"]
     scheduler = Scheduler(device="cpu", workers=1, cache_entries=0)
     evaluator = BackendEvaluator(scheduler, OPTIONS)
-    port = _free_port()
-    server = uvicorn.Server(uvicorn.Config(create_server(tasks, evaluator, EpisodeConfig(turns=3)),
-                                           host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
     try:
-        deadline = time.monotonic() + 30
-        while not server.started and time.monotonic() < deadline:
-            time.sleep(0.05)
-        with KernelEnvClient(base_url=f"http://127.0.0.1:{port}", message_timeout_s=300).sync() as env:
+        with serving(create_server(tasks, evaluator, EpisodeConfig(turns=3))) as url, \
+                KernelEnvClient(base_url=url, message_timeout_s=300).sync() as env:
             first = env.reset(task="2_relu").observation
             assert first.task == "2_relu" and first.turn == 0 and not first.done
             assert [m["role"] for m in first.messages] == ["user"] and "class Model" in first.messages[0]["content"]
@@ -83,9 +73,40 @@ def test_an_openenv_episode_matches_bench_on_the_same_answers(tmp_path: Path) ->
         assert steps[0].observation.messages == bench[1].messages
         assert steps[1].observation.messages == bench[2].messages
     finally:
-        server.should_exit = True
-        thread.join(10)
         scheduler.close()
+
+
+def test_the_environment_on_the_service_stores_every_judged_answer(tmp_path: Path) -> None:
+    tasks = [t for t in load_task_dir(REPO / "examples" / "tasks") if t.key == "2_relu"]
+    backend = ScriptedBackend()  # judges a candidate "verdict <status>" as it asks
+    dispatcher = Dispatcher(Store(tmp_path / "store.db"), backend, backend.device)
+    app = create_service(dispatcher, tasks, EpisodeConfig(turns=3), EvalOptions(device="cpu"))
+    correct = fenced("verdict correct\nclass ModelNew: pass")
+    with serving(app) as url:
+        with KernelEnvClient(base_url=url + OPENENV_PATH, message_timeout_s=60).sync() as env:
+            env.reset(task="2_relu")
+            steps = [env.step(KernelAction(answer=answer)) for answer in (correct, ANSWERS[2], correct)]
+        assert [s.observation.status for s in steps] == ["correct", "format_error", "correct"]
+        assert [s.reward for s in steps] == [0.5, 0.0, 0.5]
+        assert httpx.get(url + "/v1/health").status_code == 200  # the service's own API on the same server
+    # both answers with code are in the durable store; the second, identical, got the stored verdict
+    assert Store(tmp_path / "store.db").counts() == {"queued": 0, "running": 0, "done": 2}
+    assert [(r.candidate, r.task_name) for r in backend.submitted] == [(extract_code(correct), "2_relu")]
+
+
+def test_the_service_token_guards_the_environment(tmp_path: Path) -> None:
+    tasks = [t for t in load_task_dir(REPO / "examples" / "tasks") if t.key == "2_relu"]
+    backend = ScriptedBackend()
+    app = create_service(Dispatcher(Store(tmp_path / "store.db"), backend, backend.device), tasks, token=TOKEN)
+    with serving(app) as url:
+        assert httpx.get(url + OPENENV_PATH + "/health").status_code == 401
+        assert httpx.get(url + OPENENV_PATH + "/health", headers=AUTH).status_code == 200
+        with pytest.raises(ConnectionError):  # openenv-core's client sends no token
+            with KernelEnvClient(base_url=url + OPENENV_PATH).sync() as env:
+                env.reset(task="2_relu")
+    with pytest.raises(ValueError, match="evaluates on cpu"):
+        create_service(Dispatcher(Store(tmp_path / "other.db"), backend, backend.device), tasks,
+                       options=EvalOptions(device="cuda"))
 
 
 def test_an_episode_refuses_unknown_tasks_and_steps_out_of_turn() -> None:

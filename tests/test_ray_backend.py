@@ -24,8 +24,8 @@ from drkernel.scheduling.ray_backend import RayBackend, _harness_failed, _resolv
 from drkernel.service.client import Client  # noqa: E402
 from drkernel.service.dispatcher import Dispatcher  # noqa: E402
 from drkernel.service.store import Store  # noqa: E402
-from test_scheduler import MIX, example, stalled  # noqa: E402
-from test_service_api import TOKEN, serving  # noqa: E402
+from tests.test_scheduler import MIX, example, stalled  # noqa: E402
+from tests.test_service_api import TOKEN, serving  # noqa: E402
 
 pytestmark = pytest.mark.slow
 

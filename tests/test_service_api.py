@@ -78,11 +78,11 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def serving(dispatcher: Dispatcher, token: str | None = TOKEN) -> Iterator[str]:
-    """Run the app on a free loopback port in a thread; stop it (and close the dispatcher) on exit."""
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(create_app(dispatcher, token), host="127.0.0.1", port=port,
-                                           log_level="warning", timeout_graceful_shutdown=2))
+def serving_app(app: object) -> Iterator[str]:
+    """Run an ASGI app (its lifespan included) on a free loopback port in a thread; yields its URL, stops it on
+    exit."""
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning",
+                                           timeout_graceful_shutdown=2))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     deadline = time.monotonic() + 20
@@ -90,11 +90,18 @@ def serving(dispatcher: Dispatcher, token: str | None = TOKEN) -> Iterator[str]:
         assert thread.is_alive() and time.monotonic() < deadline, "the server did not start"
         time.sleep(0.02)
     try:
-        yield f"http://127.0.0.1:{port}"
+        yield f"http://127.0.0.1:{server.servers[0].sockets[0].getsockname()[1]}"
     finally:
         server.should_exit = True
         thread.join(timeout=20)
         assert not thread.is_alive(), "the server did not stop"
+
+
+@contextlib.contextmanager
+def serving(dispatcher: Dispatcher, token: str | None = TOKEN) -> Iterator[str]:
+    """Run the app on a free loopback port in a thread; stop it (and close the dispatcher) on exit."""
+    with serving_app(create_app(dispatcher, token)) as url:
+        yield url
 
 
 @pytest.fixture

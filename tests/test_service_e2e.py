@@ -23,8 +23,8 @@ import pytest
 from drkernel.schema import EvalRequest
 from drkernel.service.client import Client
 from drkernel.service.store import Store
-from test_scheduler import MIX, assert_verdicts, example, stalled, started, wait_for  # shared example requests and helpers
-from test_service_api import TOKEN, free_port
+from tests.test_scheduler import MIX, assert_verdicts, example, stalled, started, wait_for  # shared helpers
+from tests.test_service_api import TOKEN, free_port
 
 pytestmark = pytest.mark.slow
 STOP_TIMEOUT_S = 30.0

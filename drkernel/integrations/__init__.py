@@ -1,1 +1,2 @@
-"""drkernel inside other RL frameworks: `openenv` (an OpenEnv environment). Each module needs its optional extra."""
+"""drkernel inside other RL frameworks: `openenv` (an OpenEnv environment) and `verl` (an agent loop, the TRLOO
+estimator and drkernel's rejection rules for verl). Each module needs its optional extra."""

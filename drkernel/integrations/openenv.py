@@ -5,11 +5,17 @@ An episode is one task, several turns: `reset` gives the task's first prompt (th
 drawn from the server's task set with the client's seed); each `step` takes the model's answer, judges it with
 `drkernel.agent.loop.judge_answer` (the very function `drkernel bench` uses, so the verdicts and rewards agree) and
 returns the reward, the full result and the chat to show the model next (the context policy of `drkernel bench`
-applied). The episode is done after `EpisodeConfig.turns` answers. Candidates are judged by the evaluator the
-server is given: the embedded scheduler, Ray or a `drkernel serve` service, each with its confinement.
+applied). The episode is done after `EpisodeConfig.turns` answers.
+
+Two ways to serve it:
+- `create_server(tasks, evaluator, ...)`: the environment alone, judging with the evaluator it is given (the
+  embedded scheduler, Ray, or a `drkernel serve` service through `ServiceEvaluator`);
+- `create_service(dispatcher, tasks, ...)`: `drkernel serve`'s own app (its store, backend and token) with the
+  environment at /openenv: every answer an episode judges is committed to the service's durable store before it
+  runs, shares its result cache, and shows in /v1/evaluations.
 
     app = create_server(tasks, evaluator, EpisodeConfig(turns=3))     # uvicorn.run(app, ...)
-    with KernelEnvClient(base_url="http://host:8000").sync() as env:
+    with KernelEnvClient(base_url="http://host:8000").sync() as env:   # create_service: http://host:8000/openenv
         observation = env.reset(task="level1/19_ReLU").observation
         result = env.step(KernelAction(answer=completion))
 """
@@ -36,6 +42,7 @@ from drkernel.agent.loop import judge_answer
 from drkernel.agent.prompts import PromptTemplates, first_turn_prompt
 from drkernel.errors import UsageError
 from drkernel.rl import RewardConfig
+from drkernel.schema import EvalOptions, EvalRequest, EvalResult
 from drkernel.tasks import Task
 
 
@@ -131,6 +138,15 @@ class KernelEnvironment(Environment[KernelAction, KernelObservation, KernelState
         return messages
 
 
+OPENENV_PATH = "/openenv"  # where create_service serves the environment
+
+
+def _environment_app(tasks: Sequence[Task], evaluator: Evaluator, config: EpisodeConfig | None,
+                     max_sessions: int) -> Any:
+    return create_app(lambda: KernelEnvironment(tasks, evaluator, config), KernelAction, KernelObservation,
+                      env_name="drkernel", max_concurrent_envs=max_sessions)
+
+
 def create_server(tasks: Sequence[Task], evaluator: Evaluator, config: EpisodeConfig | None = None,
                   max_sessions: int = 64, token: str | None = None) -> Any:
     """The OpenEnv app (FastAPI) serving episodes over `tasks`; one environment per client session. With `token`,
@@ -138,9 +154,38 @@ def create_server(tasks: Sequence[Task], evaluator: Evaluator, config: EpisodeCo
     own client sends no headers: behind a token, use a client that does, or keep the server on a private network)."""
     from drkernel.service.app import MAX_BODY_BYTES, Guard
 
-    app = create_app(lambda: KernelEnvironment(tasks, evaluator, config), KernelAction, KernelObservation,
-                     env_name="drkernel", max_concurrent_envs=max_sessions)
+    app = _environment_app(tasks, evaluator, config, max_sessions)
     app.add_middleware(Guard, token=token, max_body=MAX_BODY_BYTES)
+    return app
+
+
+class DispatcherEvaluator:
+    """Judges through a `drkernel serve` dispatcher in this process: each answer is committed to the service's store
+    before it runs (so a restart of the server still runs it, though the episode that asked is gone with its
+    WebSocket), an answer judged before gets the stored verdict, and /v1/evaluations lists it."""
+
+    def __init__(self, dispatcher: Any, options: EvalOptions) -> None:  # dispatcher: service.dispatcher.Dispatcher
+        if options.device not in ("auto", dispatcher.device):
+            raise ValueError(f"the service evaluates on {dispatcher.device}, not on {options.device}")
+        self.dispatcher, self.options = dispatcher, options
+
+    async def evaluate(self, task: Task, code: str) -> EvalResult:
+        request = EvalRequest(task.code, code, self.options, task_name=task.key)
+        (id,) = await asyncio.to_thread(self.dispatcher.submit, [request])
+        record = await self.dispatcher.wait(id, timeout=None)
+        return EvalResult.from_dict(record.result)
+
+
+def create_service(dispatcher: Any, tasks: Sequence[Task], config: EpisodeConfig | None = None,
+                   options: EvalOptions | None = None, max_sessions: int = 64, token: str | None = None) -> Any:
+    """`drkernel serve`'s app around `dispatcher` (/v1/evaluations, KernelGYM's /evaluate, /metrics; its store, its
+    backend's confinement, its token on every path) with the environment at OPENENV_PATH, judging through the
+    dispatcher (`DispatcherEvaluator`) with `options`. The app starts and closes the dispatcher."""
+    from drkernel.service.app import create_app as create_service_app
+
+    evaluator = DispatcherEvaluator(dispatcher, options or EvalOptions())
+    app = create_service_app(dispatcher, token)
+    app.mount(OPENENV_PATH, _environment_app(tasks, evaluator, config, max_sessions))
     return app
 
 
