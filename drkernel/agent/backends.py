@@ -20,6 +20,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Protocol
 
+from drkernel.agent.local_models import load_causal_lm, load_tokenizer, locate
 from drkernel.tasks.loaders import require
 
 if TYPE_CHECKING:
@@ -219,7 +220,8 @@ class _HFRequest:
 
 
 class HFChatModel:
-    """A local transformers model (`--model hf:PATH`), for small models, tests and the miniature reproduction.
+    """A local transformers model (`--model hf:PATH`: a saved folder or a GGUF, see drkernel.agent.local_models), for
+    small models, tests and the miniature reproduction.
 
     Concurrent trajectories would leave the accelerator idle if each request were generated alone, so requests are
     queued and one worker thread (a model is not safe to drive from several threads) takes up to `max_batch` of them,
@@ -237,16 +239,16 @@ class HFChatModel:
         self, path: str, device: str = "cpu", max_batch: int = 32, batch_wait_s: float = 0.005,
         gate: DeviceGate | None = None,
     ) -> None:
-        if path.startswith(("/", ".", "~")) and not os.path.isdir(os.path.expanduser(path)):
-            raise ValueError(f"hf:{path}: no such folder (expected a model saved with save_pretrained)")
-        path = os.path.expanduser(path)
-        transformers = require("transformers", "train", "running a local Hugging Face model")
-        self.tokenizer = transformers.AutoTokenizer.from_pretrained(path, padding_side="left")
+        try:
+            locate(path)
+        except ValueError as exc:
+            raise ValueError(f"hf:{exc}") from exc
+        self.tokenizer = load_tokenizer(path, padding_side="left")
         if self.tokenizer.chat_template is None:
             raise ValueError(f"the tokenizer at {path} has no chat template")
         if self.tokenizer.pad_token is None:
             self.tokenizer.pad_token = self.tokenizer.eos_token
-        self.model = transformers.AutoModelForCausalLM.from_pretrained(path).to(device).eval()
+        self.model = load_causal_lm(path).to(device).eval()
         self.device = device
         self.gate = gate
         self.max_batch = max_batch

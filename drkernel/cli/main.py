@@ -138,6 +138,10 @@ from drkernel.cli.train import train_command  # noqa: E402  (after `app`, `err` 
 
 app.command("train")(train_command)
 
+from drkernel.cli.pretrained import pretrained_app  # noqa: E402  (its commands import `fail` from here when they run)
+
+app.add_typer(pretrained_app, name="pretrained")
+
 
 def main() -> None:
     app()

@@ -20,6 +20,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from drkernel.agent.local_models import load_causal_lm, load_tokenizer
 from drkernel.tasks.loaders import require
 from drkernel.train.policy import PolicyShape, build_policy
 
@@ -38,7 +39,7 @@ class SFTRunConfig:
     output_dir: str
     policy: PolicyShape = field(default_factory=lambda: PolicyShape(
         vocab_size=8192, hidden_size=512, intermediate_size=1408, num_layers=6, num_heads=8, num_kv_heads=2))
-    policy_path: str | None = None  # start from this saved policy instead of building one
+    policy_path: str | None = None  # start from this policy (a saved folder or a GGUF) instead of building one
     epochs: float = 3.0
     max_steps: int = -1  # when positive, overrides epochs
     learning_rate: float = 1e-3  # a model trained from scratch, not a pretrained one
@@ -113,11 +114,10 @@ def sft_trainer(config: SFTRunConfig, rows: list[dict[str, Any]], policy_path: s
     """TRL's SFTTrainer over the rows (tokenized on construction, labels IGNORED outside each final answer) with
     the policy's weights in float32."""
     torch = require("torch", "train", "Cold-start SFT")
-    transformers = require("transformers", "train", "Cold-start SFT")
     trl = require("trl", "train", "Cold-start SFT")
     datasets = require("datasets", "train", "Cold-start SFT")
-    tokenizer = transformers.AutoTokenizer.from_pretrained(policy_path)
-    model = transformers.AutoModelForCausalLM.from_pretrained(policy_path, dtype=torch.float32)
+    tokenizer = load_tokenizer(str(policy_path))
+    model = load_causal_lm(str(policy_path), dtype=torch.float32)
     return trl.SFTTrainer(model=model, args=sft_config(config), train_dataset=datasets.Dataset.from_list(rows),
                           processing_class=tokenizer)
 
