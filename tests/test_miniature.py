@@ -92,7 +92,8 @@ def test_tiny_pipeline_on_the_cpu(tmp_path, capsys):
 
     # data: the splits, the SFT mix with one two-turn row judged by the agent loop
     mix = json.loads((root / "sft_data" / "mix.json").read_text())
-    assert (mix["single_turn"], mix["multi_turn_kept"], mix["rows"]) == ({"unfused": 4, "lazy": 3, "fused": 1}, 1, 9)
+    assert (mix["single_turn"], mix["first_turn"], mix["multi_turn_kept"], mix["rows"]) == (
+        {"partial": 3, "lazy": 2, "unfused": 2, "fused": 1}, {"lazy": 1}, 1, 9)
 
     # SFT: two steps, loss on the final answers only, a bf16 checkpoint in small files
     summary = json.loads((root / "sft" / "sft_summary.json").read_text())
