@@ -24,7 +24,7 @@ def tiny_llama(path: Path) -> Path:
 
     texts = ["import torch\nclass ModelNew(nn.Module):\n    def forward(self, x):\n        return x\n"] * 4
     return build_policy(path, texts, PolicyShape(arch="llama", vocab_size=320, hidden_size=32, intermediate_size=64,
-                                                 num_layers=2, num_heads=4, num_kv_heads=2, max_position_embeddings=256))
+                                                 num_layers=2, num_heads=4, num_kv_heads=2))
 
 
 def _permute(weights, heads: int):
@@ -126,6 +126,38 @@ def test_a_gguf_loads_as_the_model_it_was_written_from(tiny):
         with torch.no_grad():
             torch.testing.assert_close(model(**ids).logits, reference(**ids).logits, rtol=0, atol=1e-5)
     assert load_causal_lm(str(folder), dtype="bfloat16").dtype == torch.bfloat16
+
+
+def test_an_adapter_loads_merged_into_its_base_even_an_adapter(tiny, tmp_path):
+    """A LoRA adapter over the GGUF, and one over that adapter: each loads as its base with the adapter merged."""
+    torch = pytest.importorskip("torch")
+    peft = pytest.importorskip("peft")
+    from drkernel.train.lora import lora_config
+
+    _, folder = tiny
+    ids = torch.tensor([[5, 6, 7, 8]])
+    base = str(folder / "tiny.gguf")
+    for name in ("first", "second"):
+        with torch.no_grad():
+            before = load_causal_lm(base)(ids).logits
+        adapted = peft.get_peft_model(load_causal_lm(base), lora_config(4))
+        torch.manual_seed(len(name))
+        for parameter_name, parameter in adapted.named_parameters():
+            if "lora_B" in parameter_name:  # zero at initialisation: a trained adapter's are not
+                torch.nn.init.normal_(parameter, std=0.5)
+        adapted.save_pretrained(tmp_path / name)
+        assert locate(str(tmp_path / name)) == ModelSource(str(tmp_path / name), adapts=base)
+        merged = load_causal_lm(str(tmp_path / name))
+        with torch.no_grad():
+            expected = adapted(input_ids=ids).logits
+            torch.testing.assert_close(merged(ids).logits, expected, rtol=1e-4, atol=1e-4)
+            assert not torch.allclose(expected, before, atol=1e-3)
+        assert merged.name_or_path == str(tmp_path / name)
+        assert load_tokenizer(str(tmp_path / name)).get_vocab() == load_tokenizer(str(folder)).get_vocab()
+        base = str(tmp_path / name)
+    (tmp_path / "first" / "adapter_config.json").write_text("{}")
+    with pytest.raises(ValueError, match="does not name the model it adapts"):
+        locate(str(tmp_path / "first"))
 
 
 def test_convert_writes_a_folder_that_loads_like_the_gguf(tiny, tmp_path):

