@@ -132,7 +132,7 @@ class Pipeline:
                  per_gpu: int = 1, policies: tuple[str, ...] = POLICIES, base: str | None = None) -> None:
         self.root, self.p, self.gpus, self.dry_run, self.per_gpu = root, profile, gpus, dry_run, per_gpu
         self.base_source = base  # --base
-        self.policies = tuple(name for name in POLICIES if name in policies)  # benched, stts'd and transferred
+        self.policies = tuple(name for name in POLICIES if name in policies)  # trained, benched, stts'd, transferred
         self.deadline = time.monotonic() + time_limit_s if time_limit_s else None
         self.incomplete: list[str] = []
 
@@ -186,7 +186,7 @@ class Pipeline:
         steps = []
         for name, settings in RL_RUNS:
             out = self.root / "rl" / name
-            if (out / "final").exists():
+            if name not in self.policies or (out / "final").exists():
                 continue
             args = ["train", "--config", str(REPO / self.p.rl_config), "--set", f"model={self.policy_path('sft')}",
                     "--set", f"tasks={self.root / 'train' / 'tasks'}",
@@ -329,8 +329,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-tokens", type=int, default=None, help="new tokens per answer in the stages run now "
                         "(the profile's default: 2048 on the GPU; a resumed bench keeps its own)")
     parser.add_argument("--policies", nargs="+", choices=POLICIES, default=list(POLICIES),
-                        help="the policies `bench`, `stts` and `transfer` take (default: all four; stts takes "
-                        "sft and recipe of them)")
+                        help="the policies `rl`, `bench`, `stts` and `transfer` take (default: all four; stts "
+                        "takes sft and recipe of them), e.g. one RL run and its bench in one lease of a GPU")
     parser.add_argument("--dry-run", action="store_true", help="print the command lines, run nothing")
     args = parser.parse_args(argv)
     stages = STAGES if "all" in args.stages else [s for s in STAGES if s in args.stages]

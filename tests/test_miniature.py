@@ -59,6 +59,10 @@ def test_gpu_commands_differ_only_in_the_ablation(tmp_path, capsys):
     lines = capsys.readouterr().out.splitlines()
     assert [line.split(" --out ")[1].split()[0] for line in lines if line.startswith(("[bench]", "[transfer]"))] == [
         f"{tmp_path}/bench/sft", f"{tmp_path}/transfer/sft"]
+    assert miniature.main(["rl", "bench", "stts", "--root", str(tmp_path), "--dry-run", "--policies", "trloo"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split()[0] for line in lines] == ["[rl]", "[bench]", "[stts]"]  # stts: sft and recipe only
+    assert f"output_dir={tmp_path}/rl/trloo " in lines[0] and lines[2] == "[stts] done already"
 
 
 def test_time_limit_stops_the_processes_and_keeps_going_later(tmp_path):
