@@ -88,7 +88,7 @@ class Profile:
 PROFILES = {
     "gpu": Profile(
         device="cuda", shape_scale=1.0, n_train=400, n_validation=8, n_test=32, needs_base=True,
-        sft_tasks=3000, sft_multi_turn_tasks=128,
+        sft_tasks=3000, sft_multi_turn_tasks=96,
         sft_args=("--epochs", "1", "--bf16", "--per-device-train-batch-size", "8", "--max-length", "4096",
                   "--learning-rate", "2e-4", "--lora-rank", "16", "--logging-steps", "10"),
         rl_config="examples/mini/rl_gpu.yaml", bench_turns=3, bench_samples=4, max_tokens=1600,

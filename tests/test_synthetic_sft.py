@@ -104,3 +104,8 @@ def test_mix_holds_two_turn_examples_judged_by_the_agent_loop(tmp_path: Path) ->
     assert sorted(v if not v.startswith("wrong_") else "wrong" for v in firsts) == ["lazy", "partial", "wrong"]
     with pytest.raises(FileExistsError, match="sft.jsonl already exists"):
         build_sft_mix(config, tmp_path, device="cpu")
+    # stopped before sft.jsonl was written (a time limit): the next build continues the judged run, judging nothing
+    (tmp_path / "sft.jsonl").unlink()
+    assert build_sft_mix(config, tmp_path, device="cpu") == summary
+    assert [json.loads(line) for line in (tmp_path / "sft.jsonl").read_text().splitlines()] == rows
+    assert len(read_trajectories(tmp_path / "multi_turn_run")) == 6

@@ -135,7 +135,8 @@ def multi_turn_rows(config: SftMixConfig, run_dir: Path, device: str = "auto"
     script, firsts = multi_turn_script(tasks, config)
     with ScriptedChatServer(script) as server:
         bench = prepare_run_dir(run_dir, {"tasks": str(tasks_file), "model": "scripted", "base_url": server.url,
-                                          "turns": 2, "samples": 1, "device": device}, resume=False)
+                                          "turns": 2, "samples": 1, "device": device},
+                                resume=True)  # a build stopped at a time limit continues its judged turns
         asyncio.run(run_bench(bench, [t.task() for t in tasks], run_dir))
     second_turns = [record for record in read_trajectories(run_dir) if record.turn == 2]
     return sft_rows(second_turns, SftFilter(require_correct=True, min_speedup=None)), firsts
@@ -143,7 +144,8 @@ def multi_turn_rows(config: SftMixConfig, run_dir: Path, device: str = "auto"
 
 def build_sft_mix(config: SftMixConfig, out: Path, device: str = "auto") -> dict[str, Any]:
     """Write OUT/sft.jsonl (single- and multi-turn rows, shuffled with the seed) and OUT/mix.json (what is in it);
-    the multi-turn bench run stays in OUT/multi_turn_run for `drkernel report`."""
+    the multi-turn bench run stays in OUT/multi_turn_run for `drkernel report`. A build stopped before sft.jsonl
+    was written continues that run when called again with the same config."""
     if (out / "sft.jsonl").exists():
         raise FileExistsError(f"{out / 'sft.jsonl'} already exists; choose another output folder")
     single, counts = single_turn_rows(config)
