@@ -34,7 +34,7 @@ def fetch_command(
 
 @pretrained_app.command("convert")
 def convert_command(
-    gguf: str = typer.Argument(..., help="A GGUF file, or a folder holding exactly one."),
+    gguf: str = typer.Argument(..., help="A GGUF file or a folder holding exactly one (or any model hf: takes)."),
     out: Path = typer.Argument(..., help="The transformers folder to write (must not exist)."),
     dtype: Dtype = typer.Option(Dtype.float32, "--dtype", help="The saved weights' type."),
 ) -> None:
