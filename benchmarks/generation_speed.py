@@ -1,6 +1,6 @@
 """How fast a local policy generates through `HFChatModel`'s path (docs/experiments.md, "Generation speed").
 
-    python benchmarks/generation_speed.py MODEL_DIR [--rows 32] [--tokens 256] [--device cuda] [--out FILE]
+    python benchmarks/generation_speed.py MODEL [--rows 32] [--tokens 256] [--device cuda] [--out FILE]
 
 The miniature's budget is mostly generation: this times `generate` per new-token step for one left-padded batch,
 with transformers' own sampling and with the per-row seeded sampler `HFChatModel` uses (`_RowSampler`), after a
@@ -22,6 +22,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from drkernel.agent.backends import _RowSampler  # noqa: E402
+from drkernel.agent.local_models import load_causal_lm, load_tokenizer, locate  # noqa: E402
 
 
 def step_ms(model, batch, tokens: int, **sampling) -> float:
@@ -37,11 +38,11 @@ def step_ms(model, batch, tokens: int, **sampling) -> float:
 
 
 def measure(model_dir: str, rows: int, tokens: int, device: str) -> dict:
-    from transformers import AutoModelForCausalLM, AutoTokenizer, TemperatureLogitsWarper, TopPLogitsWarper
+    from transformers import TemperatureLogitsWarper, TopPLogitsWarper
 
-    tokenizer = AutoTokenizer.from_pretrained(model_dir, padding_side="left")
+    tokenizer = load_tokenizer(model_dir, padding_side="left")
     tokenizer.pad_token = tokenizer.pad_token or tokenizer.eos_token
-    model = AutoModelForCausalLM.from_pretrained(model_dir).to(device).eval()
+    model = load_causal_lm(model_dir).to(device).eval()
     prompts = [[{"role": "user", "content": "Write a Triton kernel for this chain. " * (20 + i)}] for i in range(rows)]
     batch = tokenizer.apply_chat_template(prompts, add_generation_prompt=True, padding=True, return_tensors="pt",
                                           return_dict=True).to(device)
@@ -61,14 +62,16 @@ def measure(model_dir: str, rows: int, tokens: int, device: str) -> dict:
 
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("model_dir")
+    parser.add_argument("model_dir", help="what hf: takes: a saved folder, a GGUF or an adapter")
     parser.add_argument("--rows", type=int, default=32)
     parser.add_argument("--tokens", type=int, default=256)
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--out", type=Path, default=None, help="also write the figures here as JSON")
     args = parser.parse_args(argv)
-    if not Path(args.model_dir, "config.json").is_file():
-        parser.error(f"{args.model_dir}: no model saved with save_pretrained there (no config.json)")
+    try:
+        locate(args.model_dir)
+    except ValueError as exc:
+        parser.error(str(exc))
     figures = measure(args.model_dir, args.rows, args.tokens, args.device)
     print(json.dumps(figures, indent=1))
     if args.out:

@@ -1,17 +1,24 @@
 """The miniature reproduction of Dr. Kernel, one command per stage (docs/experiments.md, "Plan of the runs").
 
-    python benchmarks/miniature.py STAGE... [--profile gpu|cpu] [--root runs/mini] [--gpus N] [--time-limit-s S]
-                                            [--policies sft grpo trloo recipe]
+    python benchmarks/miniature.py STAGE... [--profile gpu|cpu] [--root runs/mini] [--base GGUF] [--gpus N]
+                                            [--time-limit-s S] [--policies sft grpo trloo recipe]
 
 Stages, in order (`all` runs them all):
   splits    the train / validation / test splits (`drkernel synth`; seeded, seconds)
+  base      the pretrained policy: `--base` (SmolLM2-135M-Instruct's GGUF on the GPU, `drkernel pretrained fetch`)
+            dequantised once into ROOT/base (`drkernel pretrained convert`); the cpu profile may go without one
+            and then builds a tiny policy from scratch in the sft stage
   mix       the SFT mix (drkernel.train.synthetic_sft; its two-turn rows are judged by KernelGym)
-  sft       the policy built here and its cold-start SFT (drkernel.train.sft) -> ROOT/sft/final
-  rl        (b) GRPO, (c) TRLOO, (d) TRLOO + PR + PRS, same budget each (`drkernel train`) -> ROOT/rl/NAME
+  sft       the cold-start SFT (drkernel.train.sft) from ROOT/base, a LoRA adapter -> ROOT/sft/final
+  rl        (b) GRPO, (c) TRLOO, (d) TRLOO + PR + PRS, same budget each (`drkernel train`, LoRA adapters over the
+            SFT policy) -> ROOT/rl/NAME
   bench     the SFT policy (a) and the three RL policies on the test split (`drkernel bench`) -> ROOT/bench/NAME
-  stts      the best policy of `bench` (test-split Fast@1.2, best of history) over more turns, topk context
+  stts      (a) and (d) over more turns, topk context -> ROOT/stts/NAME
   transfer  every policy on the KernelBench level-1 problems of the same kinds -> ROOT/transfer/NAME
   report    `drkernel report` over each stage's run folders -> ROOT/report/STAGE
+
+Every policy after the base is a LoRA adapter of a few MB over the one before it (`hf:` merges the chain), so what
+a GPU call must bring back to go on in a later one is small (docs/experiments.md, "The runs on the GPU").
 
 Every step is a `drkernel` (or `python -m drkernel...`) command line, printed before it runs; `--dry-run` only
 prints them. A stage skips what is already done and continues what a killed call left (`drkernel train --resume`
@@ -39,7 +46,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))  # drkernel from this checkout, also where it is not installed (the GPU machine)
-STAGES = ("splits", "mix", "sft", "rl", "bench", "stts", "transfer", "report")
+STAGES = ("splits", "base", "mix", "sft", "rl", "bench", "stts", "transfer", "report")
 CLI = "drkernel.cli.main"
 # (name, settings that differ): the ablations of stage 2, same budget each
 RL_RUNS = (
@@ -48,6 +55,7 @@ RL_RUNS = (
     ("recipe", ("advantage_estimator=trloo", "profiling_reward=true", "prs=true")),
 )
 POLICIES = ("sft",) + tuple(name for name, _ in RL_RUNS)
+STTS_POLICIES = ("sft", "recipe")  # (a) and (d)
 INCOMPLETE = 3  # exit status: the time limit stopped runs that a rerun continues
 
 
@@ -60,9 +68,10 @@ class Profile:
     n_train: int
     n_validation: int
     n_test: int
+    needs_base: bool  # the GPU reproduction starts from a pretrained policy; the CPU one may build a tiny one
     sft_tasks: int
     sft_multi_turn_tasks: int
-    sft_args: tuple[str, ...]
+    sft_args: tuple[str, ...]  # the policy-shape arguments apply only without a base
     rl_config: str
     bench_turns: int
     bench_samples: int
@@ -78,20 +87,22 @@ class Profile:
 
 PROFILES = {
     "gpu": Profile(
-        device="cuda", shape_scale=1.0, n_train=400, n_validation=8, n_test=16,
-        sft_tasks=14000, sft_multi_turn_tasks=32,
-        sft_args=("--epochs", "2", "--bf16", "--per-device-train-batch-size", "32", "--max-length", "4096"),
-        rl_config="examples/mini/rl_gpu.yaml", bench_turns=3, bench_samples=2, max_tokens=2048,
+        device="cuda", shape_scale=1.0, n_train=400, n_validation=8, n_test=32, needs_base=True,
+        sft_tasks=3000, sft_multi_turn_tasks=96,
+        sft_args=("--epochs", "1", "--bf16", "--per-device-train-batch-size", "8", "--max-length", "4096",
+                  "--learning-rate", "2e-4", "--lora-rank", "16", "--logging-steps", "10"),
+        rl_config="examples/mini/rl_gpu.yaml", bench_turns=3, bench_samples=4, max_tokens=1600,
         stts_turns=8, stts_context="topk:4", stts_samples=1,
         transfer_tasks="../shared/kernelbench/kernelbench_levels1-3.jsonl",  # a copy where the GPU machine has one
         transfer_args=("--level", "1", "--problems", "19-32,36,38-40,47-49,53,88"), transfer_samples=1,
         eval_args=("--trials", "3", "--perf-trials", "10"),
     ),
     "cpu": Profile(
-        device="cpu", shape_scale=1 / 256, n_train=2, n_validation=1, n_test=2, sft_tasks=8, sft_multi_turn_tasks=1,
+        device="cpu", shape_scale=1 / 256, n_train=2, n_validation=1, n_test=2, needs_base=False, sft_tasks=8,
+        sft_multi_turn_tasks=1,
         sft_args=("--vocab-size", "512", "--hidden-size", "32", "--intermediate-size", "64", "--num-layers", "2",
                   "--num-heads", "4", "--num-kv-heads", "2", "--max-steps", "2", "--use-cpu",
-                  "--per-device-train-batch-size", "4", "--logging-steps", "1"),
+                  "--per-device-train-batch-size", "4", "--logging-steps", "1", "--lora-rank", "4"),
         rl_config="examples/mini/rl_cpu.yaml", bench_turns=2, bench_samples=1, max_tokens=24,
         stts_turns=3, stts_context="topk:4", stts_samples=1,
         transfer_tasks=str(REPO / "examples" / "tasks"), transfer_args=("--problems", "2"), transfer_samples=1,
@@ -118,9 +129,10 @@ class Step:
 
 class Pipeline:
     def __init__(self, root: Path, profile: Profile, gpus: int, time_limit_s: float | None, dry_run: bool,
-                 per_gpu: int = 1, policies: tuple[str, ...] = POLICIES) -> None:
+                 per_gpu: int = 1, policies: tuple[str, ...] = POLICIES, base: str | None = None) -> None:
         self.root, self.p, self.gpus, self.dry_run, self.per_gpu = root, profile, gpus, dry_run, per_gpu
-        self.policies = tuple(name for name in POLICIES if name in policies)  # benched, stts'd and transferred
+        self.base_source = base  # --base
+        self.policies = tuple(name for name in POLICIES if name in policies)  # trained, benched, stts'd, transferred
         self.deadline = time.monotonic() + time_limit_s if time_limit_s else None
         self.incomplete: list[str] = []
 
@@ -135,6 +147,17 @@ class Pipeline:
                     "--variants", "", "--out", str(self.root / split)]))
         return steps
 
+    def base(self) -> list[Step]:
+        if (self.root / "base" / "config.json").exists():
+            return []
+        source = self.base_source or ("BASE.gguf" if self.dry_run and self.p.needs_base else None)
+        if source is None:
+            if self.p.needs_base:
+                raise SystemExit("the gpu profile starts from a pretrained policy: --base GGUF (SmolLM2-135M-Instruct's, "
+                                 "from `drkernel pretrained fetch`)")
+            return []
+        return [Step("base", CLI, ["pretrained", "convert", source, str(self.root / "base"), "--dtype", "float32"])]
+
     def mix(self) -> list[Step]:
         p, steps = self.p, []
         if not (self.root / "sft_data" / "sft.jsonl").exists():
@@ -147,9 +170,14 @@ class Pipeline:
     def sft(self) -> list[Step]:
         if (self.root / "sft" / "final").exists():
             return []
+        base = self.root / "base"
+        with_base = self.p.needs_base or self.base_source is not None or (base / "config.json").exists()
+        if with_base and not self.dry_run and not (base / "config.json").exists():
+            raise SystemExit(f"sft: no pretrained policy at {base}; run the base stage first (--base GGUF)")
+        start = ["--policy-path", str(base)] if with_base else []
         return [Step("sft", "drkernel.train.sft", [
             "--data", str(self.root / "sft_data" / "sft.jsonl"), "--out", str(self.root / "sft"), "--seed", "0",
-            *self.p.sft_args])]
+            *start, *self.p.sft_args])]
 
     def policy_path(self, name: str) -> Path:
         return self.root / ("sft" if name == "sft" else f"rl/{name}") / "final"
@@ -158,7 +186,7 @@ class Pipeline:
         steps = []
         for name, settings in RL_RUNS:
             out = self.root / "rl" / name
-            if (out / "final").exists():
+            if name not in self.policies or (out / "final").exists():
                 continue
             args = ["train", "--config", str(REPO / self.p.rl_config), "--set", f"model={self.policy_path('sft')}",
                     "--set", f"tasks={self.root / 'train' / 'tasks'}",
@@ -188,23 +216,10 @@ class Pipeline:
         return [self._bench(f"bench {name}", name, str(self.root / "test" / "tasks"), self.root / "bench" / name,
                             self.p.bench_turns, "full", self.p.bench_samples) for name in self.policies]
 
-    def best_policy(self) -> str:
-        """The policy with the highest test-split Fast@1.2 (best of history, then last turn); ties go to the later
-        one in (sft, grpo, trloo, recipe), the recipe last."""
-        scores = {}
-        for name in self.policies:
-            path = self.root / "bench" / name / "summary.json"
-            if path.exists():
-                summary = json.loads(path.read_text())
-                scores[name] = (summary["best_of_history"]["fast_1_2"], summary["last_turn"]["fast_1_2"])
-        if not scores:
-            raise SystemExit("stts needs the bench stage's summaries first")
-        return max(reversed(self.policies), key=lambda name: scores.get(name, (-1.0, -1.0)))
-
     def stts(self) -> list[Step]:
-        best = "BEST" if self.dry_run and not (self.root / "bench").exists() else self.best_policy()
-        return [self._bench(f"stts {best}", best, str(self.root / "test" / "tasks"), self.root / "stts" / best,
-                            self.p.stts_turns, self.p.stts_context, self.p.stts_samples)]
+        return [self._bench(f"stts {name}", name, str(self.root / "test" / "tasks"), self.root / "stts" / name,
+                            self.p.stts_turns, self.p.stts_context, self.p.stts_samples)
+                for name in self.policies if name in STTS_POLICIES]
 
     def transfer(self) -> list[Step]:
         return [self._bench(f"transfer {name}", name, self.p.transfer_tasks, self.root / "transfer" / name,
@@ -301,6 +316,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("stages", nargs="+", choices=(*STAGES, "all"))
     parser.add_argument("--profile", choices=sorted(PROFILES), default="gpu")
     parser.add_argument("--root", type=Path, default=Path("runs/mini"))
+    parser.add_argument("--base", default=None, help="the pretrained policy for the base stage: a GGUF (or a folder "
+                        "holding one, or any model hf: takes); the gpu profile needs it")
     parser.add_argument("--gpus", type=int, default=0, help="GPUs to spread a stage's runs over; 0: in this process")
     parser.add_argument("--per-gpu", type=int, default=1, help="runs sharing one GPU (small policies: their "
                         "evaluations still take the GPU alone to time, through the per-GPU gate)")
@@ -312,7 +329,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-tokens", type=int, default=None, help="new tokens per answer in the stages run now "
                         "(the profile's default: 2048 on the GPU; a resumed bench keeps its own)")
     parser.add_argument("--policies", nargs="+", choices=POLICIES, default=list(POLICIES),
-                        help="the policies `bench`, `stts` and `transfer` take (default: all four)")
+                        help="the policies `rl`, `bench`, `stts` and `transfer` take (default: all four; stts "
+                        "takes sft and recipe of them), e.g. one RL run and its bench in one lease of a GPU")
     parser.add_argument("--dry-run", action="store_true", help="print the command lines, run nothing")
     args = parser.parse_args(argv)
     stages = STAGES if "all" in args.stages else [s for s in STAGES if s in args.stages]
@@ -328,7 +346,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.per_gpu < 1:
         parser.error("--per-gpu must be at least 1")
     pipeline = Pipeline(args.root.resolve(), profile, args.gpus, args.time_limit_s, args.dry_run, args.per_gpu,
-                        tuple(args.policies))
+                        tuple(args.policies), args.base)
     for stage in stages:
         pipeline.run(stage)
         if pipeline.incomplete:

@@ -53,10 +53,16 @@ def test_gpu_commands_differ_only_in_the_ablation(tmp_path, capsys):
     assert len(transfer) == 4
     assert "--level 1 --problems 19-32,36,38-40,47-49,53,88 --model hf:" in transfer[0]
     assert not (tmp_path / "rl").exists()  # a dry run writes nothing
+    with pytest.raises(SystemExit, match="the gpu profile starts from a pretrained policy: --base GGUF"):
+        miniature.main(["base", "--root", str(tmp_path)])
     assert miniature.main(["bench", "transfer", "--root", str(tmp_path), "--dry-run", "--policies", "sft"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert [line.split(" --out ")[1].split()[0] for line in lines if line.startswith(("[bench]", "[transfer]"))] == [
         f"{tmp_path}/bench/sft", f"{tmp_path}/transfer/sft"]
+    assert miniature.main(["rl", "bench", "stts", "--root", str(tmp_path), "--dry-run", "--policies", "trloo"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split()[0] for line in lines] == ["[rl]", "[bench]", "[stts]"]  # stts: sft and recipe only
+    assert f"output_dir={tmp_path}/rl/trloo " in lines[0] and lines[2] == "[stts] done already"
 
 
 def test_time_limit_stops_the_processes_and_keeps_going_later(tmp_path):
@@ -85,26 +91,51 @@ def test_per_gpu_puts_several_runs_on_each_gpu(tmp_path):
 
 
 @pytest.mark.slow
+def test_sft_without_a_base_builds_a_policy_from_scratch(tmp_path):
+    """The cpu profile's other start: a tokenizer trained on the rows and a random policy, then a bf16 checkpoint."""
+    from drkernel.train.policy import PolicyShape
+    from drkernel.train.sft import SFTRunConfig, run_sft
+
+    turns = [{"role": "user", "content": "write ModelNew"}, {"role": "assistant", "content": "class ModelNew: pass"}]
+    (tmp_path / "sft.jsonl").write_text(json.dumps({"messages": turns}) + "\n")
+    summary = run_sft(SFTRunConfig(str(tmp_path / "sft.jsonl"), str(tmp_path / "out"), PolicyShape(vocab_size=300),
+                                   max_steps=1, use_cpu=True, per_device_train_batch_size=1, logging_steps=1))
+    assert (summary["rows"], summary["steps"]) == (1, 1)
+    assert summary["trained_parameters"] == summary["parameters"]  # all of them, without LoRA
+    assert (tmp_path / "out" / "policy" / "tokenizer.json").exists()
+    assert json.loads((tmp_path / "out" / "final" / "config.json").read_text())["dtype"] == "bfloat16"
+
+
+@pytest.mark.slow
 def test_tiny_pipeline_on_the_cpu(tmp_path, capsys):
+    """The stages the GPU runs, from a tiny GGUF written here as the pretrained base: every policy after it is a
+    LoRA adapter over the one before."""
+    from test_local_models import tiny_llama, write_gguf
+
     miniature = _miniature()
     root = tmp_path / "mini"
-    assert miniature.main(["all", "--profile", "cpu", "--root", str(root)]) == 0
+    gguf = write_gguf(tiny_llama(tmp_path / "source"), tmp_path / "base.gguf")
+    assert miniature.main(["all", "--profile", "cpu", "--root", str(root), "--base", str(gguf)]) == 0
 
     # data: the splits, the SFT mix with one two-turn row judged by the agent loop
     mix = json.loads((root / "sft_data" / "mix.json").read_text())
-    assert (mix["single_turn"], mix["multi_turn_kept"], mix["rows"]) == ({"unfused": 4, "lazy": 3, "fused": 1}, 1, 9)
+    assert (mix["single_turn"], mix["first_turn"], mix["multi_turn_kept"], mix["rows"]) == (
+        {"partial": 3, "lazy": 2, "unfused": 2, "fused": 1}, {"lazy": 1}, 1, 9)
 
-    # SFT: two steps, loss on the final answers only, a bf16 checkpoint in small files
+    # the base: the GGUF dequantised; SFT: two steps of a LoRA adapter over it, loss on the final answers only
+    assert json.loads((root / "base" / "config.json").read_text())["model_type"] == "llama"
     summary = json.loads((root / "sft" / "sft_summary.json").read_text())
     assert (summary["rows"], summary["steps"], len(summary["loss"])) == (9, 2, 2)
     assert summary["train_loss"] == pytest.approx(sum(entry["loss"] for entry in summary["loss"]) / 2)
+    assert 0 < summary["trained_parameters"] < summary["parameters"] / 2
     assert summary["largest_file_bytes"] <= 15_000_000
-    assert json.loads((root / "sft" / "final" / "config.json").read_text())["dtype"] == "bfloat16"
+    adapter = json.loads((root / "sft" / "final" / "adapter_config.json").read_text())
+    assert (adapter["r"], adapter["base_model_name_or_path"]) == (4, str(root / "base"))
     from drkernel.train.sft import SFTRunConfig, sft_trainer
 
     rows = read_rows(root / "sft_data" / "sft.jsonl")
     trainer = sft_trainer(SFTRunConfig(str(root / "sft_data" / "sft.jsonl"), str(tmp_path / "again"), max_steps=1,
-                                       use_cpu=True), rows, root / "sft" / "policy")
+                                       use_cpu=True), rows, root / "base")
     tokenizer = trainer.processing_class
     for row, tokenized in zip(rows, trainer.train_dataset):
         answer = [t for t, label in zip(tokenized["input_ids"], tokenized["labels"]) if label != -100]
@@ -115,15 +146,16 @@ def test_tiny_pipeline_on_the_cpu(tmp_path, capsys):
     for name, estimator, prs in (("grpo", "grpo", False), ("trloo", "trloo", False), ("recipe", "trloo", True)):
         config = json.loads((root / "rl" / name / "train_config.json").read_text())
         assert (config["advantage_estimator"], config["prs"], config["profiling_reward"]) == (estimator, prs, prs)
-        assert config["model"] == str(root / "sft" / "final")
+        assert config["model"] == str(root / "sft" / "final") and config["lora_rank"] == 4
+        adapter = json.loads((root / "rl" / name / "final" / "adapter_config.json").read_text())
+        assert adapter["base_model_name_or_path"] == str(root / "sft" / "final")
         (metrics,) = [json.loads(line) for line in (root / "rl" / name / "metrics.jsonl").read_text().splitlines()]
         assert metrics["step"] == 1 and len(metrics["turn_correct"]) == 2
         assert len(metrics["validation"]["turn_fast_1_2"]) == 2
         assert (root / "rl" / name / "validation" / "step_1" / "summary.json").exists()
-        assert (root / "rl" / name / "final" / "config.json").exists()
 
-    # bench on the test split for the four policies, STTS on the best, transfer, then the reports
-    for stage, names, turns in (("bench", miniature.POLICIES, 2), ("stts", ("recipe",), 3),
+    # bench on the test split for the four policies, STTS of (a) and (d), transfer, then the reports
+    for stage, names, turns in (("bench", miniature.POLICIES, 2), ("stts", ("sft", "recipe"), 3),
                                 ("transfer", miniature.POLICIES, 2)):
         for name in names:
             bench = json.loads((root / stage / name / "config.json").read_text())
@@ -136,8 +168,8 @@ def test_tiny_pipeline_on_the_cpu(tmp_path, capsys):
 
     # a second call finds everything done; a run without its final model resumes from its checkpoint
     capsys.readouterr()
-    assert miniature.main(["sft", "rl", "--profile", "cpu", "--root", str(root)]) == 0
-    assert capsys.readouterr().out.splitlines() == ["[sft] done already", "[rl] done already"]
+    assert miniature.main(["base", "sft", "rl", "--profile", "cpu", "--root", str(root)]) == 0
+    assert capsys.readouterr().out.splitlines() == ["[base] done already", "[sft] done already", "[rl] done already"]
     (root / "rl" / "grpo" / "final").rename(root / "rl" / "grpo" / "final.old")
     assert miniature.main(["rl", "--profile", "cpu", "--root", str(root), "--dry-run"]) == 0
     assert capsys.readouterr().out.rstrip().endswith("--set prs=false --resume")
@@ -147,7 +179,7 @@ def test_rl_configs_load_and_keep_small_updates():
     from drkernel.train.config import ConfigError, load_config
 
     gpu = load_config(REPO / "examples" / "mini" / "rl_gpu.yaml", ["model=m", "validation_tasks=v", "bf16=false"])
-    assert (gpu.model_dtype, gpu.turns, gpu.max_new_tokens, gpu.save_steps) == ("float32", 3, 2048, 1)
+    assert (gpu.model_dtype, gpu.turns, gpu.max_new_tokens, gpu.save_steps, gpu.lora_rank) == ("float32", 3, 1600, 1, 8)
     assert gpu.grpo_config().generation_batch_size == 16  # 2 prompts x 8 samples, whole groups for TRL
     cpu = load_config(REPO / "examples" / "mini" / "rl_cpu.yaml", ["model=m", "validation_tasks=v"])
     assert cpu.grpo_config().generation_batch_size == 2

@@ -28,8 +28,9 @@ from drkernel.tasks.synthetic import (
     SyntheticError,
     generate,
     generate_tasks,
+    torch_lines,
 )
-from drkernel.tasks.synthetic_solutions import VARIANTS, solution_source, solutions, variants_for
+from drkernel.tasks.synthetic_solutions import GOOD_VARIANTS, VARIANTS, solution_source, solutions, variants_for
 
 TINY = 1 / 256
 
@@ -116,11 +117,27 @@ def test_solutions_are_self_contained_modelnew_modules() -> None:
             kernels = [n.name for n in tree.body if isinstance(n, ast.FunctionDef)]
             if variant == "unfused":
                 assert kernels == [f"k{i}_{op}" for i, op in enumerate(s.structure.steps)]
+            elif variant == "partial":
+                assert kernels == [f"{next(op for op in s.structure.ops if op in VECTOR_OPS)}_kernel"]
             else:
                 assert kernels == (["copy_kernel"] if variant == "lazy" else ["fused_kernel"])
             assert "expected" not in code and variant not in code.replace("fused_kernel", "")
     with pytest.raises(SyntheticError, match="has no variant 'wrong_norm'"):
         solution_source(generate("test", 1, seed=0)[0], "wrong_norm")
+
+
+def test_partial_leaves_the_chain_to_pytorch_but_its_vector_op() -> None:
+    """The core (norm, reduction, matmul) and every other op stay eager PyTorch, in the reference's order; the
+    vector op alone is a Triton kernel's, over the whole (M, N) intermediate."""
+    for s in generate("train", 8, seed=0):
+        code = solution_source(s, "partial")
+        vector = next(op for op in s.structure.ops if op in VECTOR_OPS)
+        eager = [line for line in torch_lines(s.structure) if "vec" not in line]
+        forward = [line.strip() for line in code.split("def forward")[1].splitlines()]
+        assert [line for line in forward if line in eager] == eager
+        launch = forward.index(f"{vector}_kernel[(rows,)](v, vec, out, n_cols, BLOCK_N=block, num_warps=warps)")
+        assert forward[launch - 5] == eager[s.structure.ops.index(vector)]  # right after the op before it
+        assert f"v = {ELEMENTWISE_OPS[vector][1]}" in code.split("class ModelNew")[0]
 
 
 def test_wrong_variants_differ_from_the_fused_one_where_their_bug_is() -> None:
@@ -169,8 +186,9 @@ def test_synth_command_writes_what_the_loaders_read(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_reference_solutions_get_the_verdicts_of_their_grades() -> None:
-    """One task of each kind through the Scheduler on the CPU: fused, unfused and lazy are correct (coverage, which
-    calls lazy ones lazy, needs a GPU: here only launch counts), the wrong ones incorrect."""
+    """One task of each kind through the Scheduler on the CPU: fused, unfused, partial and lazy are correct
+    (coverage, which calls lazy ones lazy and puts partial ones between, needs a GPU: here only launch counts), the
+    wrong ones incorrect."""
     from drkernel.scheduling.scheduler import Scheduler
 
     sample = generate("test", len(KINDS), seed=0, shape_scale=TINY)
@@ -183,10 +201,10 @@ def test_reference_solutions_get_the_verdicts_of_their_grades() -> None:
     with Scheduler("cpu", workers=1) as scheduler:
         results = scheduler.evaluate_many(requests)
     verdicts = {(s.name, variant): r.status for (s, variant), r in zip(labels, results)}
-    expected = {(s.name, v): "correct" if v in ("fused", "unfused", "lazy") else "incorrect" for s, v in labels}
+    expected = {(s.name, v): "correct" if v in GOOD_VARIANTS else "incorrect" for s, v in labels}
     assert verdicts == expected
     for (s, variant), result in zip(labels, results):
-        if variant not in ("fused", "unfused", "lazy"):
+        if variant not in GOOD_VARIANTS:
             assert result.error.kind == "Mismatch"
             continue
         trials = result.correctness.trials
@@ -195,6 +213,9 @@ def test_reference_solutions_get_the_verdicts_of_their_grades() -> None:
             assert result.profile.launches == {"fused_kernel": trials}
         elif variant == "lazy":
             assert result.profile.launches == {"copy_kernel": trials}
+        elif variant == "partial":
+            vector = next(op for op in s.structure.ops if op in VECTOR_OPS)
+            assert result.profile.launches == {f"{vector}_kernel": trials}
         else:
             assert result.profile.launches == {f"k{i}_{op}": trials for i, op in enumerate(s.structure.steps)}
 
@@ -212,7 +233,7 @@ def test_calibration_section_tables_verdicts_by_kind_and_variant(tmp_path: Path,
     task = generate("test", 1, seed=0, shape_scale=TINY)
     options = EvalOptions(device="cpu", correctness_trials=1, measure_performance=False, timeout_s=120)
     data = gpu_bench.synthetic_calibration(task, options, workers=1)
-    assert data["evaluations"] == 5 and len(data["rows"]) == 5
+    assert data["evaluations"] == 6 and len(data["rows"]) == 6
     table = data["by_kind_and_variant"]
     assert list(table) == [f"elementwise/{v}" for v in sorted(variants_for(task[0].structure))]
     assert table["elementwise/lazy"]["statuses"] == {"correct": 1}

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Protocol
 
 from drkernel.errors import DrkernelError, UsageError
+from drkernel.agent.local_models import load_causal_lm, load_tokenizer, locate
 from drkernel.tasks.loaders import require
 
 if TYPE_CHECKING:
@@ -220,7 +221,8 @@ class _HFRequest:
 
 
 class HFChatModel:
-    """A local transformers model (`--model hf:PATH`), for small models, tests and the miniature reproduction.
+    """A local transformers model (`--model hf:PATH`: a saved folder or a GGUF, see drkernel.agent.local_models), for
+    small models, tests and the miniature reproduction.
 
     Concurrent trajectories would leave the accelerator idle if each request were generated alone, so requests are
     queued and one worker thread (a model is not safe to drive from several threads) takes up to `max_batch` of them,
@@ -238,14 +240,15 @@ class HFChatModel:
         self, path: str, device: str = "cpu", max_batch: int = 32, batch_wait_s: float = 0.005,
         gate: DeviceGate | None = None,
     ) -> None:
-        if path.startswith(("/", ".", "~")) and not os.path.isdir(os.path.expanduser(path)):
-            raise UsageError(f"hf:{path}: no such folder (expected a model saved with save_pretrained)")
-        path = os.path.expanduser(path)
-        transformers = require("transformers", "train", "running a local Hugging Face model")
         try:
-            self.tokenizer = transformers.AutoTokenizer.from_pretrained(path, padding_side="left")
-            model = transformers.AutoModelForCausalLM.from_pretrained(path)
-        except (OSError, ValueError) as exc:  # no such model, or files transformers cannot read
+            locate(path)
+        except ValueError as exc:
+            raise UsageError(f"hf:{exc}") from exc
+        require("transformers", "train", "running a local Hugging Face model")
+        try:
+            self.tokenizer = load_tokenizer(path, padding_side="left")
+            model = load_causal_lm(path)
+        except (OSError, ValueError) as exc:  # files transformers cannot read
             raise UsageError(f"hf:{path} does not load: {exc}") from exc
         if self.tokenizer.chat_template is None:
             raise UsageError(f"the tokenizer at {path} has no chat template")

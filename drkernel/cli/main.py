@@ -8,6 +8,7 @@ import typer
 from drkernel.cli.bench import bench_command, export_sft_command
 from drkernel.cli.common import exit_codes
 from drkernel.cli.eval import eval_command, feedback_command
+from drkernel.cli.pretrained import pretrained_app
 from drkernel.cli.report import report_command
 from drkernel.cli.serve import serve_command
 from drkernel.cli.synth import synth_command
@@ -19,6 +20,8 @@ for name, command in (("eval", eval_command), ("feedback", feedback_command), ("
                       ("serve", serve_command), ("synth", synth_command), ("bench", bench_command),
                       ("export-sft", export_sft_command), ("train", train_command)):
     app.command(name)(exit_codes(command))
+
+app.add_typer(pretrained_app, name="pretrained")
 
 
 def main() -> None:

@@ -2,6 +2,10 @@
 
 - `fused`: one kernel computes the whole chain in one pass over memory (fast on a GPU);
 - `unfused`: one kernel per op, each a pass over memory, as eager PyTorch does (about 1x);
+- `partial`: PyTorch computes the chain, the expensive part included (the norm, the reduction, the matmul), but
+  for its vector op (bias or gain), which a Triton kernel applies to the whole (M, N) intermediate in a pass of its
+  own: correct, about 1x, and on a GPU one pass of the several the chain makes is in the candidate's own kernel
+  (coverage expected between about 0.1 and 0.5: to measure, stage 0 of docs/experiments.md);
 - `lazy`: PyTorch computes the chain and a Triton kernel only copies the (N,) vector it uses: correct, but on a
   GPU little of the time is in the candidate's own kernels, so the evaluator's coverage check usually calls it
   lazy (on an H100, 14 of the 16 test tasks; the two with the shortest chains gave 5-6%, over the 5% floor);
@@ -24,6 +28,7 @@ from drkernel.tasks.synthetic import (
     MATMUL,
     NORMALISING,
     REDUCTIONS,
+    VECTOR_OPS,
     Structure,
     SyntheticError,
     SyntheticTask,
@@ -31,7 +36,7 @@ from drkernel.tasks.synthetic import (
     torch_lines,
 )
 
-GOOD_VARIANTS = ("fused", "unfused", "lazy")
+GOOD_VARIANTS = ("fused", "unfused", "partial", "lazy")
 WRONG_VARIANTS = ("wrong_mask", "wrong_op", "wrong_norm")
 VARIANTS = GOOD_VARIANTS + WRONG_VARIANTS
 # The op that replaces the last elementwise op in `wrong_op`: nonlinear, so no later norm can undo the change.
@@ -58,6 +63,8 @@ def solution_source(synthetic: SyntheticTask, variant: str) -> str:
         raise SyntheticError(f"{synthetic.name} has no variant {variant!r}; it has {', '.join(available)}")
     if variant == "lazy":
         return _lazy(structure)
+    if variant == "partial":
+        return _partial(structure)
     if variant == "unfused":
         return _unfused(structure)
     if variant == "wrong_op":
@@ -224,6 +231,16 @@ def _unfused(structure: Structure) -> str:
         kernels.append(_row_kernel(name, (op,)))
         body += _row_launch(name, (op,), "v", "out") + ["v = out"]
     return _module(kernels, structure, body)
+
+
+def _partial(structure: Structure) -> str:
+    """PyTorch computes the chain but its vector op, which one row kernel applies in a pass of its own."""
+    lines = torch_lines(structure)  # the start (x, or the matmul), then one line per op
+    at = next(index for index, op in enumerate(structure.ops) if op in VECTOR_OPS)
+    op = structure.ops[at]
+    kernel = f"{op}_kernel"
+    body = [*lines[: at + 1], *_ROW_SETUP, *_row_launch(kernel, (op,), "v", "out"), "v = out", *lines[at + 2 :]]
+    return _module([_row_kernel(kernel, (op,))], structure, body)
 
 
 def _lazy(structure: Structure) -> str:

@@ -89,6 +89,8 @@ class TrainConfig:
     # precision under bf16 autocast, which a small model needs (bf16 weights round its small updates away)
     model_dtype: str = "auto"
     gradient_checkpointing: bool = False
+    lora_rank: int = 0  # > 0: train a LoRA adapter (drkernel.train.lora); checkpoints and final/ hold the adapter alone
+    lora_alpha: int = 0  # 0: twice the rank
     use_cpu: bool = False
     seed: int = 0
     # bookkeeping

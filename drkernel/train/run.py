@@ -10,6 +10,7 @@ from typing import Any
 
 from drkernel.agent.config import HF_PREFIX, BenchConfig
 from drkernel.agent.evaluate import open_evaluator
+from drkernel.agent.local_models import load_causal_lm, load_tokenizer
 from drkernel.agent.prompts import first_turn_prompt
 from drkernel.tasks.loaders import load_tasks, require
 from drkernel.tasks.task import Task
@@ -21,8 +22,8 @@ TINY_POLICY_DIR = "tiny_policy"
 
 
 def load_policy(config: TrainConfig, tasks: list[Task]) -> tuple[Any, Any]:
-    """(model, tokenizer); `model: tiny` builds a random tiny policy in the run directory once and reuses it."""
-    transformers = require("transformers", "train", "Training")
+    """(model, tokenizer) from a saved folder, a GGUF or a hub id; `model: tiny` builds a random tiny policy in the
+    run directory once and reuses it."""
     path = config.model
     if path == TINY_MODEL:
         out = Path(config.output_dir) / TINY_POLICY_DIR
@@ -30,8 +31,8 @@ def load_policy(config: TrainConfig, tasks: list[Task]) -> tuple[Any, Any]:
             build_policy(out, [t.code for t in tasks] + [first_turn_prompt(t.code) for t in tasks], PolicyShape())
         path = str(out)
     try:
-        tokenizer = transformers.AutoTokenizer.from_pretrained(path)
-        model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=config.model_dtype)
+        tokenizer = load_tokenizer(path)
+        model = load_causal_lm(path, dtype=config.model_dtype)
     except (OSError, ValueError) as exc:
         raise ConfigError(f"model {config.model!r} does not load: {exc}") from exc
     if tokenizer.chat_template is None:

@@ -20,7 +20,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from drkernel.agent.local_models import load_causal_lm, load_tokenizer
 from drkernel.tasks.loaders import require
+from drkernel.train.lora import lora_config
 from drkernel.train.policy import PolicyShape, build_policy
 
 POLICY_DIR = "policy"  # the random policy before SFT (tokenizer trained on the data)
@@ -38,7 +40,7 @@ class SFTRunConfig:
     output_dir: str
     policy: PolicyShape = field(default_factory=lambda: PolicyShape(
         vocab_size=8192, hidden_size=512, intermediate_size=1408, num_layers=6, num_heads=8, num_kv_heads=2))
-    policy_path: str | None = None  # start from this saved policy instead of building one
+    policy_path: str | None = None  # start from this policy (a saved folder or a GGUF) instead of building one
     epochs: float = 3.0
     max_steps: int = -1  # when positive, overrides epochs
     learning_rate: float = 1e-3  # a model trained from scratch, not a pretrained one
@@ -51,6 +53,8 @@ class SFTRunConfig:
     seed: int = 0
     logging_steps: int = 10
     max_shard_size: str = "15MB"  # each saved file stays under the 16 MiB a device call brings back
+    lora_rank: int = 0  # > 0: train a LoRA adapter (drkernel.train.lora) and save it, not the whole model, as final/
+    lora_alpha: int = 0  # 0: twice the rank
 
     def __post_init__(self) -> None:
         if isinstance(self.policy, dict):
@@ -113,18 +117,18 @@ def sft_trainer(config: SFTRunConfig, rows: list[dict[str, Any]], policy_path: s
     """TRL's SFTTrainer over the rows (tokenized on construction, labels IGNORED outside each final answer) with
     the policy's weights in float32."""
     torch = require("torch", "train", "Cold-start SFT")
-    transformers = require("transformers", "train", "Cold-start SFT")
     trl = require("trl", "train", "Cold-start SFT")
     datasets = require("datasets", "train", "Cold-start SFT")
-    tokenizer = transformers.AutoTokenizer.from_pretrained(policy_path)
-    model = transformers.AutoModelForCausalLM.from_pretrained(policy_path, dtype=torch.float32)
+    tokenizer = load_tokenizer(str(policy_path))
+    model = load_causal_lm(str(policy_path), dtype=torch.float32)
     return trl.SFTTrainer(model=model, args=sft_config(config), train_dataset=datasets.Dataset.from_list(rows),
-                          processing_class=tokenizer)
+                          processing_class=tokenizer, peft_config=lora_config(config.lora_rank, config.lora_alpha))
 
 
 def run_sft(config: SFTRunConfig) -> dict[str, Any]:
-    """Build the policy (unless given), train it, save OUTPUT_DIR/final in bf16 shards and OUTPUT_DIR/sft_summary.json
-    (the loss per logged step, sizes, duration); return the summary."""
+    """Build the policy (unless given), train it, save OUTPUT_DIR/final in bf16 shards (with LoRA: the adapter, which
+    `hf:` merges into the policy it started from) and OUTPUT_DIR/sft_summary.json (the loss per logged step, sizes,
+    duration); return the summary."""
     torch = require("torch", "train", "Cold-start SFT")
     out = Path(config.output_dir)
     if (out / FINAL_DIR).exists():
@@ -143,6 +147,7 @@ def run_sft(config: SFTRunConfig) -> dict[str, Any]:
         "config": asdict(config),
         "rows": len(rows),
         "parameters": sum(p.numel() for p in trainer.model.parameters()),
+        "trained_parameters": sum(p.numel() for p in trainer.model.parameters() if p.requires_grad),
         "steps": trainer.state.global_step,
         "loss": losses,
         "train_loss": outcome.training_loss,  # the mean over all steps

@@ -1,12 +1,16 @@
 """The cold-start SFT mix of the miniature reproduction, built from the synthetic task family (docs/experiments.md).
 
-The mix must leave RL room to improve, so most answers are `unfused` (correct, about 1x) or `lazy` (correct on a
-CPU, flagged lazy on a GPU), few are `fused`. Single-turn rows are the agent's first prompt and a reference
-solution. Multi-turn rows show feedback: a scripted model answers a task with a wrong solution, then with a correct
-one, through the real agent loop (`drkernel bench`'s, judged by KernelGym), and the judged second turns are kept as
-`drkernel export-sft` keeps turns. Rows are `{"messages": [...]}`, the chat format TRL's SFTTrainer reads.
+The mix must leave each signal of the recipe something to act on, so most first answers are `partial` (correct,
+about 1x, part of the work in its own kernel: what plain GRPO keeps and the profiling reward pays little),
+`lazy` (hacked on a GPU) or `unfused` (correct, about 1x), few are `fused`. Single-turn rows are the agent's first
+prompt and a reference solution. Two-turn rows teach what to do with feedback: a scripted model answers a task
+lazily, partially or wrongly, then with the fused solution (lazy -> fused, partial -> fused, wrong -> fixed), through
+the real agent loop (`drkernel bench`'s, judged by KernelGym, so the feedback between the answers is what the
+judge says), and the judged second turns are kept as `drkernel export-sft` keeps turns. Rows are
+`{"messages": [...]}`, the chat format TRL's SFTTrainer reads.
 
-Run as a script: `python -m drkernel.train.synthetic_sft --out DIR [--n-tasks 400] [--multi-turn-tasks 100] ...`.
+Run as a script: `python -m drkernel.train.synthetic_sft --out DIR [--n-tasks 400] [--multi-turn-tasks 100]
+[--single-turn partial=0.4,lazy=0.3,unfused=0.2,fused=0.1] [--first-turn lazy=0.35,partial=0.35,wrong=0.3] ...`.
 """
 
 from __future__ import annotations
@@ -25,9 +29,12 @@ from drkernel.agent.export import SftFilter, sft_rows
 from drkernel.agent.prompts import first_turn_prompt
 from drkernel.agent.replay import ChatScript, ScriptedChatServer, fenced
 from drkernel.tasks.synthetic import SyntheticTask, generate
-from drkernel.tasks.synthetic_solutions import WRONG_VARIANTS, solution_source, variants_for
+from drkernel.tasks.synthetic_solutions import GOOD_VARIANTS, WRONG_VARIANTS, solution_source, variants_for
 
 Shares = tuple[tuple[str, float], ...]
+WRONG = "wrong"  # a first answer drawn from the task's wrong_* variants
+FIRST_TURN_KINDS = ("lazy", "partial", WRONG)
+FIX = "fused"  # every second answer: lazy -> fused, partial -> fused, wrong -> fixed (the wrong_* are fused ones)
 
 
 @dataclass(frozen=True)
@@ -39,21 +46,32 @@ class SftMixConfig:
     multi_turn_tasks: int = 100
     seed: int = 0
     shape_scale: float = 1.0
-    single_turn: Shares = (("unfused", 0.5), ("lazy", 0.35), ("fused", 0.15))
-    second_turn: Shares = (("unfused", 0.8), ("fused", 0.2))  # correct answers after the wrong first turn
+    single_turn: Shares = (("partial", 0.4), ("lazy", 0.3), ("unfused", 0.2), ("fused", 0.1))
+    first_turn: Shares = (("lazy", 0.35), ("partial", 0.35), (WRONG, 0.3))  # two-turn rows, before the feedback
 
     def __post_init__(self) -> None:
         if self.n_tasks < 1 or self.multi_turn_tasks < 0:
             raise ValueError("n_tasks must be at least 1 and multi_turn_tasks at least 0")
-        for name, shares in (("single_turn", self.single_turn), ("second_turn", self.second_turn)):
+        for name, shares, allowed in (("single_turn", self.single_turn, GOOD_VARIANTS),
+                                      ("first_turn", self.first_turn, FIRST_TURN_KINDS)):
             variants = [variant for variant, _ in shares]
             if any(share < 0 for _, share in shares) or not sum(share for _, share in shares) > 0:
                 raise ValueError(f"{name} shares must be non-negative with a positive sum")
-            bad = sorted(set(variants) - {"fused", "unfused", "lazy"})
+            bad = sorted(set(variants) - set(allowed))
             if bad or len(set(variants)) != len(variants):
-                raise ValueError(f"{name} takes fused, unfused and lazy, each once; got {', '.join(variants)}")
-        if "lazy" in dict(self.second_turn):
-            raise ValueError("second_turn cannot use lazy: a GPU judges it hacked, and hacked turns are not kept")
+                raise ValueError(f"{name} takes {', '.join(allowed)}, each once; got {', '.join(variants)}")
+
+
+def parse_shares(text: str) -> Shares:
+    """`partial=0.4,lazy=0.3` as shares (checked by SftMixConfig)."""
+    shares = []
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        name, _, value = item.partition("=")
+        try:
+            shares.append((name.strip(), float(value)))
+        except ValueError:
+            raise ValueError(f"expected NAME=SHARE, not {item!r}") from None
+    return tuple(shares)
 
 
 def assign(count: int, shares: Shares, rng: random.Random) -> list[str]:
@@ -87,52 +105,57 @@ def single_turn_rows(config: SftMixConfig) -> tuple[list[dict[str, Any]], Counte
     return rows, Counter(variants)
 
 
-def multi_turn_script(tasks: Sequence[SyntheticTask], config: SftMixConfig) -> ChatScript:
-    """Each task answered first with one of its wrong solutions, then with a correct one."""
+def multi_turn_script(tasks: Sequence[SyntheticTask], config: SftMixConfig) -> tuple[ChatScript, Counter[str]]:
+    """Each task answered first lazily, partially or wrongly (one of its wrong_* variants), then with the fused
+    solution; with the count of each kind of first answer."""
     rng = random.Random(f"sft-multi/{config.seed}")
-    fixes = assign(len(tasks), config.second_turn, rng)
+    firsts = assign(len(tasks), config.first_turn, rng)
     replies = {}
-    for task, fix in zip(tasks, fixes):
-        wrong = rng.choice([v for v in variants_for(task.structure) if v in WRONG_VARIANTS])
-        replies[task.name] = [fenced(solution_source(task, wrong)), fenced(solution_source(task, fix))]
-    return ChatScript(replies)
+    for task, first in zip(tasks, firsts):
+        if first == WRONG:
+            first = rng.choice([v for v in variants_for(task.structure) if v in WRONG_VARIANTS])
+        replies[task.name] = [fenced(solution_source(task, first)), fenced(solution_source(task, FIX))]
+    return ChatScript(replies), Counter(firsts)
 
 
-def multi_turn_rows(config: SftMixConfig, run_dir: Path, device: str = "auto") -> list[dict[str, Any]]:
+def multi_turn_rows(config: SftMixConfig, run_dir: Path, device: str = "auto"
+                    ) -> tuple[list[dict[str, Any]], Counter[str]]:
     """Two-turn conversations judged by the agent loop (a bench run in `run_dir`): the kept second turns, each with
-    the wrong first answer and its real feedback before it."""
+    the first answer and its real feedback before it; and the count of each kind of first answer."""
     from drkernel.agent.bench import prepare_run_dir, run_bench
     from drkernel.agent.records import read_trajectories
 
     _, tasks = mix_tasks(config)
     if not tasks:
-        return []
+        return [], Counter()
     run_dir.mkdir(parents=True, exist_ok=True)
     tasks_file = run_dir / "tasks.jsonl"
     tasks_file.write_text("".join(json.dumps({"name": t.name, "code": t.task().code, "problem_id": t.index}) + "\n"
                                   for t in tasks))
-    with ScriptedChatServer(multi_turn_script(tasks, config)) as server:
+    script, firsts = multi_turn_script(tasks, config)
+    with ScriptedChatServer(script) as server:
         bench = prepare_run_dir(run_dir, {"tasks": str(tasks_file), "model": "scripted", "base_url": server.url,
                                           "turns": 2, "samples": 1, "evaluation": {"device": device}},
-                                resume=False)
+                                resume=True)  # a build stopped at a time limit continues its judged turns
         asyncio.run(run_bench(bench, [t.task() for t in tasks], run_dir))
     second_turns = [record for record in read_trajectories(run_dir) if record.turn == 2]
-    return sft_rows(second_turns, SftFilter(require_correct=True, min_speedup=None))
+    return sft_rows(second_turns, SftFilter(require_correct=True, min_speedup=None)), firsts
 
 
 def build_sft_mix(config: SftMixConfig, out: Path, device: str = "auto") -> dict[str, Any]:
     """Write OUT/sft.jsonl (single- and multi-turn rows, shuffled with the seed) and OUT/mix.json (what is in it);
-    the multi-turn bench run stays in OUT/multi_turn_run for `drkernel report`."""
+    the multi-turn bench run stays in OUT/multi_turn_run for `drkernel report`. A build stopped before sft.jsonl
+    was written continues that run when called again with the same config."""
     if (out / "sft.jsonl").exists():
         raise FileExistsError(f"{out / 'sft.jsonl'} already exists; choose another output folder")
     single, counts = single_turn_rows(config)
-    multi = multi_turn_rows(config, out / "multi_turn_run", device)
+    multi, firsts = multi_turn_rows(config, out / "multi_turn_run", device)
     rows = single + multi
     random.Random(f"sft-order/{config.seed}").shuffle(rows)
     out.mkdir(parents=True, exist_ok=True)
     (out / "sft.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
-    summary = {"config": asdict(config), "single_turn": dict(counts), "multi_turn_kept": len(multi),
-               "multi_turn_asked": config.multi_turn_tasks, "rows": len(rows)}
+    summary = {"config": asdict(config), "single_turn": dict(counts), "first_turn": dict(firsts),
+               "multi_turn_kept": len(multi), "multi_turn_asked": config.multi_turn_tasks, "rows": len(rows)}
     (out / "mix.json").write_text(json.dumps(summary, indent=1) + "\n")
     return summary
 
@@ -144,14 +167,20 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--multi-turn-tasks", type=int, default=SftMixConfig.multi_turn_tasks)
     parser.add_argument("--seed", type=int, default=SftMixConfig.seed)
     parser.add_argument("--shape-scale", type=float, default=SftMixConfig.shape_scale)
+    parser.add_argument("--single-turn", default=None, help="shares of the single-turn answers, e.g. "
+                        "partial=0.4,lazy=0.3,unfused=0.2,fused=0.1 (the default)")
+    parser.add_argument("--first-turn", default=None, help="shares of the two-turn rows' first answers, e.g. "
+                        "lazy=0.35,partial=0.35,wrong=0.3 (the default); the second is always fused")
     parser.add_argument("--device", default="auto", help="where the multi-turn examples are judged")
     args = parser.parse_args(argv)
     try:
-        config = SftMixConfig(args.n_tasks, args.multi_turn_tasks, args.seed, args.shape_scale)
+        shares = {name: parse_shares(value) for name, value in (("single_turn", args.single_turn),
+                                                                ("first_turn", args.first_turn)) if value is not None}
+        config = SftMixConfig(args.n_tasks, args.multi_turn_tasks, args.seed, args.shape_scale, **shares)
         summary = build_sft_mix(config, args.out, args.device)
     except (ValueError, FileExistsError) as exc:
         parser.exit(2, f"error: {exc}\n")
-    print(json.dumps({key: summary[key] for key in ("single_turn", "multi_turn_kept", "rows")}))
+    print(json.dumps({key: summary[key] for key in ("single_turn", "first_turn", "multi_turn_kept", "rows")}))
 
 
 if __name__ == "__main__":

@@ -25,6 +25,7 @@ from drkernel.schema import HackReason, Status
 from drkernel.tasks.loaders import require
 from drkernel.tasks.task import Task
 from drkernel.train.config import TrainConfig
+from drkernel.train.lora import lora_config
 from drkernel.train.rollout import GenerateFn, MultiTurnRollout, RolloutStats, Trajectory, turn_coverage
 from drkernel.train.signals import JudgedTurn, kept_fraction, mrs_turn_keep, step_signals
 from drkernel.train.validation import TrainerChatModel, Validation
@@ -76,6 +77,7 @@ class DrKernelTrainer(trl.GRPOTrainer):
             train_dataset=task_dataset(tasks, self.templates),
             processing_class=processing_class,
             rollout_func=self._rollout,
+            peft_config=lora_config(config.lora_rank, config.lora_alpha),
         )
         self.rollout = MultiTurnRollout(
             tokenizer=processing_class,
