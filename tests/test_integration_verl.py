@@ -304,11 +304,11 @@ def test_agent_loop_judges_on_the_configured_service(tokenizer, tasks, monkeypat
     monkeypatch.setattr(plugin, "_ENGINES", {})  # as in a fresh worker process
     monkeypatch.setattr(plugin, "_CLOSERS", [])
     backend = ScriptedBackend()  # judges a candidate "verdict <status>" as it asks
-    answers = [fenced("verdict correct\nclass ModelNew: pass"), fenced("verdict wrong\nclass ModelNew: pass")]
+    answers = [fenced("verdict correct\nclass ModelNew: pass"), fenced("verdict incorrect\nclass ModelNew: pass")]
     with serving(Dispatcher(Store(tmp_path / "store.db"), backend, backend.device)) as url:
         out = _run_episode(tokenizer, ScriptedServer(tokenizer, answers), None, engine={"name": url}, turns=2,
                            prs=False)
-    assert out.extra_fields[plugin.TURN_STATUS] == ["correct", "wrong"]
+    assert out.extra_fields[plugin.TURN_STATUS] == ["correct", "incorrect"]
     relu = {t.key: t for t in tasks}["2_relu"]
     assert [r.reference for r in backend.submitted] == [relu.code, relu.code]
     assert len(plugin._ENGINES) == len(plugin._CLOSERS) == 1

@@ -110,7 +110,7 @@ def test_sft_without_a_base_builds_a_policy_from_scratch(tmp_path):
 def test_tiny_pipeline_on_the_cpu(tmp_path, capsys):
     """The stages the GPU runs, from a tiny GGUF written here as the pretrained base: every policy after it is a
     LoRA adapter over the one before."""
-    from test_local_models import tiny_llama, write_gguf
+    from tests.test_local_models import tiny_llama, write_gguf
 
     miniature = _miniature()
     root = tmp_path / "mini"

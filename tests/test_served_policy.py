@@ -16,8 +16,8 @@ from typer.testing import CliRunner
 from drkernel.agent.backends import HFChatModel, SamplingParams
 from drkernel.agent.records import read_trajectories
 from drkernel.cli.main import app
-from test_agent_hf import tiny_model
-from test_service_api import free_port
+from tests.test_agent_hf import tiny_model
+from tests.test_service_api import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 SERVE = "from transformers.cli.transformers import main; main()"
