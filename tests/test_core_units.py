@@ -304,7 +304,7 @@ def test_persisting_l2_is_reset_only_when_a_setting_changed(monkeypatch) -> None
 
 
 def test_timed_outputs_are_copied_into_staging_only_when_the_structure_matches() -> None:
-    from drkernel.sandbox.subject import _cloned, _copy_into
+    from drkernel.sandbox.subject import _cloned, _copy_into, _tensors
 
     first = (torch.zeros(2, 3), [torch.ones(4, dtype=torch.int64), 7])
     staging = _cloned(first)
@@ -319,6 +319,8 @@ def test_timed_outputs_are_copied_into_staging_only_when_the_structure_matches()
         assert not _copy_into(staging, other)
     # nothing was copied by a failed match, even where its first tensor fitted
     assert torch.equal(staging[0], before[0]) and torch.equal(staging[1][0], before[1])
+    # staging is sized and checked (all on the GPU) over every tensor, however deep
+    assert [t.shape for t in _tensors((torch.zeros(1), [torch.zeros(2), (torch.zeros(3), 4)]))] == [(1,), (2,), (3,)]
 
 
 def test_status_is_the_enum_and_a_result_s_json_is_unchanged() -> None:

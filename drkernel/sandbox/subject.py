@@ -187,7 +187,10 @@ class Subject:
     def _handed_over(self, header: dict[str, Any], out: Any) -> dict[str, Any]:
         """A timed call's outputs for the judge: copied into the output buffers it has mapped (shared anew, once, when
         their structure changes), or sent with the reply."""
-        if not (header.get("staged") and correctness.tensor_bytes(out) <= STAGED_BYTES):
+        tensors = list(_tensors(out))
+        stageable = all(t.is_cuda for t in tensors) and sum(t.numel() * t.element_size() for t in tensors) \
+            <= STAGED_BYTES  # (a CPU tensor crosses as bytes: the judge holds a copy, not a mapping)
+        if not (header.get("staged") and stageable):
             return {"outputs": self.sent.encode(out)}
         if self.out_staging is not None and _copy_into(self.out_staging, out):
             return {"outputs_staged": True}
@@ -425,6 +428,15 @@ def _cloned(value: Any) -> Any:
     if isinstance(value, (list, tuple)):
         return type(value)(_cloned(v) for v in value)
     return value
+
+
+def _tensors(value: Any) -> Iterator[torch.Tensor]:
+    """The tensors in `value`, nested in lists and tuples at any depth."""
+    if isinstance(value, torch.Tensor):
+        yield value
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            yield from _tensors(item)
 
 
 def _copy_into(target: Any, value: Any) -> bool:
