@@ -214,8 +214,8 @@ class TimedCalls:
     memory costs about a millisecond per tensor and direction, twice a timed call and its null call, more beside other
     evaluations' mappings). The judge writes every call's fresh values into its staging buffers, which the subject
     copies into its own before the call, and never reads them back: the subject can write what it maps. The subject
-    copies the outputs into buffers of its own that the judge mapped once (outputs over `STAGED_BYTES` are shared call
-    by call). Both sides synchronise their device before the other reads: nothing rests on CUDA's inter-process
+    copies the outputs into buffers of its own that the judge mapped once (outputs over `subject.STAGED_BYTES`, or not
+    all on the GPU, are sent call by call). Both sides synchronise their device before the other reads: nothing rests on CUDA's inter-process
     events. On the CPU every call's tensors travel as bytes."""
 
     def __init__(self, link: SubjectLink, template: list[Any]) -> None:
