@@ -228,8 +228,7 @@ class TimedCalls:
 
     def __enter__(self) -> TimedCalls:
         if self.staged:
-            _sync_for(self.link.device)()
-            self.link.ask("stage", {"inputs": self.inputs})
+            self.link.ask("stage", {"inputs": self.inputs})  # (ask waits for the device before it sends values)
         return self
 
     def __exit__(self, *exc: Any) -> None:
