@@ -161,7 +161,7 @@ def section_rl_batch(args: argparse.Namespace) -> dict:
     from drkernel.tasks.synthetic import generate
 
     tasks = generate("test", args.synthetic_n, seed=0, shape_scale=args.synthetic_scale)
-    options = dataclasses.replace(OPTIONS, device=args.rl_device)
+    options = dataclasses.replace(OPTIONS, device=args.rl_device, perf_trials=args.perf_trials)
     level1 = [(name, dataclasses.replace(request, options=options))
               for name, request in kernelbench_pairs(args.kernelbench)[: args.rl_level1]] if args.rl_level1 else []
     data = rl_batch(tasks, level1, options, args.rl_samples, args.rl_identical, overlap=args.overlap)
@@ -524,10 +524,11 @@ SMALL = "relu_1024 (ReLU, 1024 x 1024 float32)"
 
 def stability_cases(args: argparse.Namespace) -> dict[str, EvalRequest]:
     """Issue 14's small task (a few microseconds) and two KernelBench problems of >= 1 ms."""
+    options = dataclasses.replace(OPTIONS, perf_trials=args.perf_trials)
     pairs = dict(kernelbench_pairs(args.kernelbench))
     small = EvalRequest((CASES / "relu_1024_task.py").read_text(),
-                        (REPO / "examples" / "candidates" / "2_relu__triton.py").read_text(), OPTIONS)
-    return {SMALL: small, **{name: pairs[name] for name in args.repeat_problems}}
+                        (REPO / "examples" / "candidates" / "2_relu__triton.py").read_text(), options)
+    return {SMALL: small, **{name: dataclasses.replace(pairs[name], options=options) for name in args.repeat_problems}}
 
 
 def section_stability(args: argparse.Namespace) -> dict:
@@ -740,6 +741,8 @@ def main() -> None:
     parser.add_argument("--rl-identical", type=int, default=4, help="of them, copies of one answer (>= 1)")
     parser.add_argument("--rl-level1", type=int, default=20, help="level-1 problems in `rl_batch` (0: none)")
     parser.add_argument("--rl-device", default="cuda", help="`rl_batch`'s device (cpu: a small run on the CPU)")
+    parser.add_argument("--perf-trials", type=int, default=OPTIONS.perf_trials,
+                        help="timed calls per side in `stability` and `rl_batch` (fewer: a shorter timing phase)")
     parser.add_argument("--overlap", type=int, default=None,
                         help="evaluations at once per GPU in `kernelbench` and `rl_batch` (default: the scheduler's)")
     args = parser.parse_args()
