@@ -33,6 +33,8 @@ INCOMPLETE = 4
 def pack(out: Path, inputs: list[str], chunk_bytes: int) -> list[Path]:
     """The inputs (files or folders, each under its own name or the NAME given as NAME=PATH) as one tar, split."""
     out.mkdir(parents=True, exist_ok=True)
+    if any(CHUNK.match(p.name) for p in out.iterdir()):
+        raise SystemExit(f"{out} already holds chunks: pack into an empty folder (`add OUT/*` takes them all)")
     with tempfile.TemporaryFile(dir=out) as raw:
         with tarfile.open(fileobj=raw, mode="w") as tar:
             for item in inputs:
@@ -54,15 +56,21 @@ def pack(out: Path, inputs: list[str], chunk_bytes: int) -> list[Path]:
 
 
 def add(chunks: list[Path], store: Path, unpack: Path | None) -> int:
-    """Keep the chunks in `store`; with `unpack`, extract the newest bundle there once every chunk is in."""
+    """Keep the chunks (all of one bundle) in `store`; with `unpack`, extract the bundle there once every chunk is
+    in."""
     store.mkdir(parents=True, exist_ok=True)
-    for chunk in chunks:
-        if not CHUNK.match(chunk.name):
+    matches = [CHUNK.match(chunk.name) for chunk in chunks]
+    for chunk, match in zip(chunks, matches):
+        if not match:
             raise SystemExit(f"{chunk}: not a chunk of `bundle.py pack` (bundle-ID-KofN)")
+    if len({(m["id"], m["n"]) for m in matches}) != 1:  # type: ignore[index]
+        raise SystemExit("the chunks given belong to different bundles: give the chunks of one")
+    for chunk in chunks:
         shutil.copyfile(chunk, store / chunk.name)
-    bundle = CHUNK.match(chunks[-1].name)
-    count = int(bundle["n"])
-    have = {int(m["k"]) for p in store.iterdir() if (m := CHUNK.match(p.name)) and m["id"] == bundle["id"]}
+    bundle = matches[0]
+    count = int(bundle["n"])  # type: ignore[index]
+    have = {int(m["k"]) for p in store.iterdir()
+            if (m := CHUNK.match(p.name)) and (m["id"], m["n"]) == (bundle["id"], bundle["n"])}  # type: ignore[index]
     missing = sorted(set(range(1, count + 1)) - have)
     print(f"bundle {bundle['id']}: {count - len(missing)} of {count} chunks here", flush=True)
     if unpack is None:

@@ -48,3 +48,19 @@ def test_chunks_travel_one_call_each_and_unpack_whole(tmp_path, capsys):
     (store / chunks[1].name).write_bytes(b"x" * 4096)
     with pytest.raises(SystemExit, match="the chunks do not make up the bundle"):
         bundle.main(["add", str(chunks[-1]), "--store", str(store), "--unpack", str(tmp_path / "again")])
+
+
+def test_chunks_of_different_bundles_are_refused(tmp_path):
+    """`add` takes the chunks of one bundle (the same id and chunk count), and `pack` into a folder that already
+    holds chunks is refused: repacking with another chunk size would otherwise leave two sets side by side."""
+    bundle = _bundle()
+    (tmp_path / "a.bin").write_bytes(os.urandom(3000))
+    small, large = str(2048 / bundle.MIB), str(4096 / bundle.MIB)
+    assert bundle.main(["pack", str(tmp_path / "one"), str(tmp_path / "a.bin"), "--chunk-mib", small]) == 0
+    assert bundle.main(["pack", str(tmp_path / "two"), str(tmp_path / "a.bin"), "--chunk-mib", large]) == 0
+    with pytest.raises(SystemExit, match="already holds chunks"):
+        bundle.main(["pack", str(tmp_path / "one"), str(tmp_path / "a.bin"), "--chunk-mib", large])
+    one, two = sorted((tmp_path / "one").iterdir()), sorted((tmp_path / "two").iterdir())
+    with pytest.raises(SystemExit, match="different bundles"):
+        bundle.main(["add", str(one[0]), str(two[-1]), "--store", str(tmp_path / "store")])
+    assert not (tmp_path / "store").exists() or not any((tmp_path / "store").iterdir())

@@ -175,6 +175,23 @@ def test_convert_writes_a_folder_that_loads_like_the_gguf(tiny, tmp_path):
     assert refused.exit_code == 2 and "already exists" in " ".join(refused.output.split())
 
 
+def test_convert_takes_the_end_of_turn_token_from_the_generation_config(tiny, tmp_path):
+    """transformers 5.17 reads SmolLM2's GGUF with eos `<|im_start|>` and no pad token; the converted folder's
+    tokenizer ends a turn where the model does, since rollouts cut answers at the tokenizer's eos."""
+    from types import SimpleNamespace
+
+    from drkernel.train.pretrained import _end_of_turn_from
+
+    _, folder = tiny
+    tokenizer = load_tokenizer(str(folder))
+    right = tokenizer.eos_token_id
+    wrong = next(i for i in sorted(tokenizer.all_special_ids) if i != right)
+    tokenizer.eos_token = tokenizer.convert_ids_to_tokens(wrong)
+    tokenizer.pad_token = None
+    _end_of_turn_from(SimpleNamespace(eos_token_id=[right]), tokenizer)
+    assert tokenizer.eos_token_id == right and tokenizer.pad_token_id == right
+
+
 def test_every_local_model_consumer_takes_a_gguf(tiny, tmp_path):
     """bench's `hf:` backend, `drkernel train`'s policy and the SFT's starting policy all load the GGUF."""
     from drkernel.agent.backends import HFChatModel, SamplingParams

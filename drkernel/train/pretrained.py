@@ -12,6 +12,7 @@ import subprocess
 import sys
 import zipfile
 from pathlib import Path
+from typing import Any
 
 from drkernel.agent.local_models import load_causal_lm, load_tokenizer
 from drkernel.errors import DrkernelError, UsageError
@@ -61,5 +62,18 @@ def gguf_to_transformers(gguf: str | Path, out: str | Path, dtype: str = "float3
         raise UsageError(f"{out} already exists; choose another output folder")
     model = load_causal_lm(str(gguf), dtype=dtype)
     model.save_pretrained(str(out))
-    load_tokenizer(str(gguf)).save_pretrained(str(out))
+    tokenizer = load_tokenizer(str(gguf))
+    _end_of_turn_from(model.generation_config, tokenizer)
+    tokenizer.save_pretrained(str(out))
     return out
+
+
+def _end_of_turn_from(generation: Any, tokenizer: Any) -> None:
+    """The GGUF's end-of-turn token as the tokenizer's eos (and pad, if it has none): transformers 5.17 reads
+    SmolLM2's eos as `<|im_start|>`, and rollouts cut answers at the tokenizer's eos."""
+    eos = generation.eos_token_id
+    eos = eos[0] if isinstance(eos, (list, tuple)) and eos else eos
+    if isinstance(eos, int) and tokenizer.eos_token_id != eos:
+        tokenizer.eos_token = tokenizer.convert_ids_to_tokens(eos)
+    if tokenizer.pad_token_id is None and tokenizer.eos_token is not None:
+        tokenizer.pad_token = tokenizer.eos_token
