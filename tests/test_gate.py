@@ -117,9 +117,8 @@ def test_shared_holder_lets_the_lock_go_while_triton_compiles(tmp_path: Path) ->
 
 
 def test_large_holders_check_beside_ordinary_ones_never_beside_each_other(tmp_path: Path) -> None:
-    """An evaluation large in memory checks correctness beside ordinary ones, but a second large one that needs the
-    whole of the large evaluations' memory waits for it, and it keeps its hold through a compilation: no timing
-    runs while its memory is taken."""
+    """An evaluation large in memory checks correctness beside ordinary ones, but a second large one waits for it,
+    and it keeps its hold through a compilation: no timing runs while its memory is taken."""
     big, other_big, small, timer = (_gate(tmp_path, n) for n in ("big", "big2", "s", "t"))
     events: list[str] = []
     synced: list[int] = []
@@ -135,30 +134,6 @@ def test_large_holders_check_beside_ordinary_ones_never_beside_each_other(tmp_pa
     second.join(5)
     writer.join(5)
     assert sorted(events[1:]) == ["big2", "timing"] and not WAITING["big2"] and not WAITING["t"]
-
-
-def test_large_holders_whose_shares_fit_check_together(tmp_path: Path) -> None:
-    """Two large evaluations that each need half of the large evaluations' memory check at once; a third waits
-    until one is done; one that needs all of it waits for both, and one queued behind it waits for it (it is not
-    starved by smaller ones)."""
-    first, second, third, whole, after = (_gate(tmp_path, n) for n in ("a", "b", "c", "whole", "after"))
-    events: list[str] = []
-    with first.large(0.5):
-        with second.large(0.45):  # fits beside the first: no wait
-            events.append("b")
-            waiting_third = _try(lambda: third.large(0.3), events, "c")
-            time.sleep(0.2)
-            assert events == ["b"] and WAITING["c"]
-        waiting_third.join(5)
-        assert events == ["b", "c"] and not WAITING["c"]
-        waiting_whole = _try(lambda: whole.large(1.0), events, "whole")
-        time.sleep(0.2)
-        waiting_after = _try(lambda: after.large(0.25), events, "after")  # would fit now, but queues behind it
-        time.sleep(0.2)
-        assert events == ["b", "c"] and WAITING["whole"] and WAITING["after"]
-    waiting_whole.join(5)
-    waiting_after.join(5)
-    assert events == ["b", "c", "whole", "after"]
 
 
 @pytest.mark.slow

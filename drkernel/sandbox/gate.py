@@ -13,27 +13,20 @@ lets the lock go for the compilation (`pause`, after the work already queued is 
 timing can run meanwhile, and takes it again before the kernel launches (`resume`).
 
 An evaluation whose trials need a large part of the GPU's memory (`large`) shares the GPU with others' ordinary
-checks, and with other large ones as far as their memory fits: the memory set aside for large evaluations is cut
-into `LARGE_SLOTS` slots (files held exclusively), and each takes as many as its share needs (all of them: it checks
-beside no other large one). It keeps its hold while it compiles, so its memory never meets a timing's (out-of-memory
-failures measured on an H100). A fourth file, the large evaluations' own turnstile, lets one at a time gather its
-slots: one that needs them all is not starved by a stream of smaller ones.
+checks, but with no other large one (a third file, held exclusively), and keeps its hold while it compiles: its
+memory then never meets another large evaluation's, nor a timing's (out-of-memory failures measured on an H100).
 """
 
 from __future__ import annotations
 
 import contextlib
 import fcntl
-import math
 import os
-import time
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable, Iterator
 
 GATE_FILE = "gate"  # in an evaluation's working directory: the path of its GPU's lock file, written by the supervisor
-LARGE_SLOTS = 4  # parts of the memory set aside for large evaluations' checks
-SLOT_POLL_S = 0.005  # how often a large evaluation that waits for slots looks again
 
 
 class DeviceGate:
@@ -41,8 +34,7 @@ class DeviceGate:
         self.path = Path(lock_path)
         self._lock = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o600)
         self._turnstile = os.open(f"{lock_path}.turnstile", os.O_RDWR | os.O_CREAT, 0o600)
-        self._large_turnstile = os.open(f"{lock_path}.large", os.O_RDWR | os.O_CREAT, 0o600)
-        self._slots = [os.open(f"{lock_path}.large.{i}", os.O_RDWR | os.O_CREAT, 0o600) for i in range(LARGE_SLOTS)]
+        self._large = os.open(f"{lock_path}.large", os.O_RDWR | os.O_CREAT, 0o600)
         self._on_wait = on_wait  # told True when a wait for the lock begins, False when it ends
         self._yielding: int | None = None  # the mode of a hold that is let go while Triton compiles
         self._compiling = False
@@ -62,29 +54,13 @@ class DeviceGate:
         return self._hold(fcntl.LOCK_EX, yield_to_compile=False)
 
     @contextmanager
-    def large(self, share: float = 1.0) -> Iterator[None]:
-        """Checks of an evaluation large in memory: beside others' ordinary checks, and beside other large ones while
-        their shares fit together (`share`: the part of the large evaluations' memory it needs, 1 or more to be
-        the only one); the hold is kept while compiling."""
-        wanted = min(LARGE_SLOTS, max(1, math.ceil(share * LARGE_SLOTS - 1e-9)))
+    def large(self) -> Iterator[None]:
+        """Checks of an evaluation large in memory: beside others' ordinary checks, one large at a time, the hold
+        kept while compiling."""
         if self._on_wait is not None:
             self._on_wait(True)
-        held: list[int] = []
         try:
-            fcntl.flock(self._large_turnstile, fcntl.LOCK_EX)
-            try:
-                while len(held) < wanted:  # only holders let slots go meanwhile: what is taken is kept
-                    for slot in self._slots:
-                        if slot not in held and len(held) < wanted and _try_lock(slot):
-                            held.append(slot)
-                    if len(held) < wanted:
-                        time.sleep(SLOT_POLL_S)
-            finally:
-                fcntl.flock(self._large_turnstile, fcntl.LOCK_UN)
-        except BaseException:
-            for slot in held:
-                fcntl.flock(slot, fcntl.LOCK_UN)
-            raise
+            fcntl.flock(self._large, fcntl.LOCK_EX)
         finally:
             if self._on_wait is not None:
                 self._on_wait(False)
@@ -92,8 +68,7 @@ class DeviceGate:
             with self._hold(fcntl.LOCK_SH, yield_to_compile=False):
                 yield
         finally:
-            for slot in held:
-                fcntl.flock(slot, fcntl.LOCK_UN)
+            fcntl.flock(self._large, fcntl.LOCK_UN)
 
     @contextmanager
     def _hold(self, mode: int, yield_to_compile: bool) -> Iterator[None]:
@@ -138,11 +113,3 @@ class DeviceGate:
         finally:
             if self._on_wait is not None:
                 self._on_wait(False)
-
-
-def _try_lock(fd: int) -> bool:
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return False
-    return True

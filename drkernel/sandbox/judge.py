@@ -46,7 +46,6 @@ TIMED_SAMPLE_ELEMENTS = 4096  # elements per output compared after every other t
 # much before the timing is not believed: a factor for work outside the events, a margin for the host's noise.
 WALL_FACTOR, WALL_MARGIN_MS = 1.5, 1.0
 SHARE_OF_MEMORY = 0.25  # of the GPU's memory, at most, for one evaluation's trials beside others' (3 at once)
-LARGE_MEMORY = 0.8  # of the GPU's memory, for the trials of the large evaluations checking at once
 DEGENERACY_SAMPLE = 1 << 20  # elements of the reference's output kept to judge whether the task is degenerate
 STDERR_TAIL = 3000
 PROFILED_CALLS = 3  # profiled forwards, each on inputs of its own
@@ -357,9 +356,7 @@ class Judge:
         self.request, self.workdir, self.device, self.gate, self.link = request, workdir, device, gate, link
         self.findings = link.findings
         self.notes: list[str] = []
-        # Its trials take a large part of the GPU's memory (0: they do not): the part of the memory set aside for
-        # large evaluations they need, 1 or more to check beside no other large one.
-        self.large_share = 0.0
+        self.large = False  # its trials take a large part of the GPU's memory: never beside another large one
         self.report: CorrectnessReport | None = None  # kept when a trial fails: the result says how far it got
         self._rng = random.Random(secrets.randbits(64))  # trial seeds and checked calls: nobody else learns them
 
@@ -389,17 +386,14 @@ class Judge:
     def check_memory_share(self, reference: Reference) -> None:
         """Several evaluations check correctness at once: one whose trials need more than a share of the GPU's memory
         (inputs, the subject's copy, the hand-over copy and two outputs, from get_inputs on the meta device) is
-        large: it checks beside ordinary evaluations and beside the large ones whose memory fits with its own, and
-        keeps the GPU while the subject compiles (its memory, held through a compilation, left no room for another's
-        timing: out-of-memory failures measured on an H100)."""
+        large: it checks beside ordinary evaluations but no other large one, and keeps the GPU while the subject
+        compiles (its memory, held through a compilation, left no room for another's timing: out-of-memory failures
+        measured on an H100)."""
         if self.gate is None or self.device.type != "cuda":
             return
         inputs = input_bytes(reference.get_inputs)  # None, sizes unknown: do not risk another evaluation's memory
-        total = torch.cuda.get_device_properties(self.device).total_memory
-        if inputs is None:
-            self.large_share = 1.0
-        elif 5 * inputs > total * SHARE_OF_MEMORY:
-            self.large_share = 5 * inputs / (total * LARGE_MEMORY)
+        limit = torch.cuda.get_device_properties(self.device).total_memory * SHARE_OF_MEMORY
+        self.large = inputs is None or 5 * inputs > limit
 
     def load_candidate(self, reference: Reference) -> None:
         reply, _ = self.link.ask("load", {"init_inputs": reference.init_inputs}, candidate=self.request.candidate,
@@ -721,7 +715,7 @@ class Judge:
 
     def sharing_gpu(self) -> contextlib.AbstractContextManager[None]:
         """Work that may run beside other evaluations' correctness checks, never beside their timing."""
-        return self._gated(lambda gate: gate.large(self.large_share) if self.large_share else gate.shared())
+        return self._gated(lambda gate: gate.large() if self.large else gate.shared())
 
     def owning_gpu(self) -> contextlib.AbstractContextManager[None]:
         """Timing and profiling: no other evaluation's kernels run meanwhile."""
