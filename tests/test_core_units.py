@@ -337,3 +337,25 @@ def test_status_is_the_enum_and_a_result_s_json_is_unchanged() -> None:
     assert EvalResult.failure(Status.CRASHED, "WorkerLost", "m").status is Status.CRASHED
     with pytest.raises(ValueError):
         EvalResult(status="not a status")
+
+
+def test_a_harness_copy_that_finds_no_gpu_memory_is_the_harness_failure(tmp_path, monkeypatch) -> None:
+    """The subject's own copies of the judge's values (inputs, outputs to stage) failing for memory that others
+    hold is `crashed` / `SandboxError` (run again by the scheduler), not the candidate's `runtime_error`."""
+    from drkernel.sandbox.subject import Refusal, Subject
+    from drkernel.scheduling.cache import infrastructure_failure
+
+    subject = Subject(None, tmp_path, torch.device("cpu"), gate_hooks=False)
+    values = [torch.ones(3), 2]
+    copied = subject._own_copy(values)
+    assert copied[1] == 2 and torch.equal(copied[0], values[0]) and copied[0].data_ptr() != values[0].data_ptr()
+
+    def no_memory(self, *args, **kwargs):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 6.00 GiB")
+
+    monkeypatch.setattr(torch.Tensor, "clone", no_memory)
+    with pytest.raises(Refusal) as refused:
+        subject._own_copy(values)
+    failure = refused.value.failure
+    assert (failure["status"], failure["kind"]) == ("crashed", "SandboxError") and "6.00 GiB" in failure["message"]
+    assert infrastructure_failure(EvalResult.failure(Status.CRASHED, failure["kind"], failure["message"]))

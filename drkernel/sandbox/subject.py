@@ -44,7 +44,8 @@ STAGED_BYTES = 256 << 20
 
 
 class Refusal(Exception):
-    """Ends the subject's part with a classified failure of the candidate (the judge turns it into the verdict)."""
+    """Ends the subject's part with a classified failure (the judge turns it into the verdict): the candidate's, or
+    the harness's own (`SandboxError`)."""
 
     def __init__(self, status: Status, kind: str, message: str, tb: str = "") -> None:
         super().__init__(message)
@@ -97,8 +98,23 @@ class Subject:
 
     def _inputs(self, header: dict[str, Any], payloads: list[bytearray]) -> list[Any]:
         """The judge's inputs, copied into this process's own memory (the judge's stay the judge's)."""
-        values = self._mapped(header, payloads)
-        return [v.clone() if isinstance(v, torch.Tensor) else v for v in values]
+        return self._own_copy(self._mapped(header, payloads))
+
+    def _own_copy(self, values: list[Any]) -> list[Any]:
+        with self._harness_memory():
+            return [v.clone() if isinstance(v, torch.Tensor) else v for v in values]
+
+    @contextmanager
+    def _harness_memory(self) -> Iterator[None]:
+        """The harness's own copies in this process: one that finds no GPU memory left (taken by other evaluations,
+        or a policy generating on the same GPU) is the harness's failure, `crashed` with `SandboxError`, which the
+        scheduler runs again, not the candidate's `runtime_error` (seen on an H100 when two large evaluations were
+        let check at once)."""
+        try:
+            yield
+        except torch.OutOfMemoryError as exc:
+            raise Refusal(Status.CRASHED, "SandboxError",
+                          f"the candidate's process found no GPU memory for the harness's copy of its values: {exc}")
 
     def _mapped(self, header: dict[str, Any], payloads: list[bytearray]) -> Any:
         """The judge's inputs as it sent them (on a GPU, its memory mapped here); the time it takes is the hand-over's."""
@@ -151,7 +167,7 @@ class Subject:
         """One checked call in a mode (correctness trials): the outputs, how many own kernels ran. The judge's inputs
         (mapped, not copied, on a GPU) are the pristine values the call's copy is compared with afterwards."""
         pristine = self._mapped(header, payloads)
-        args = [v.clone() if isinstance(v, torch.Tensor) else v for v in pristine]
+        args = self._own_copy(pristine)
         training, grad_mode = MODES[header["mode"]]
         self._set_training(training)
         with grad_mode():
@@ -177,7 +193,7 @@ class Subject:
         else:
             values = self._mapped(header, payloads)
         if self.buffers is None:
-            self.buffers = [v.clone() if isinstance(v, torch.Tensor) else v for v in values]
+            self.buffers = self._own_copy(values)
         else:
             for old, new in zip(self.buffers, values):
                 if isinstance(old, torch.Tensor):
@@ -194,7 +210,8 @@ class Subject:
             return {"outputs": self.sent.encode(out)}
         if self.out_staging is not None and _copy_into(self.out_staging, out):
             return {"outputs_staged": True}
-        self.out_staging = _cloned(out)
+        with self._harness_memory():
+            self.out_staging = _cloned(out)
         return {"outputs": self.sent.encode(self.out_staging), "staging": True}
 
     def warm(self, header: dict[str, Any], payloads: list[bytearray]) -> dict[str, Any]:
@@ -243,8 +260,7 @@ class Subject:
         """The GPU time of calls on fresh inputs (a warm-up, then one profiled call per input set), split into own
         kernels and the rest; their outputs go to the judge, which checks them: coverage only counts for calls that
         computed the right answer, and no call repeats an input a memo could answer from."""
-        sets = [[v.clone() if isinstance(v, torch.Tensor) else v for v in values]
-                for values in self._mapped(header, payloads)]
+        sets = [self._own_copy(values) for values in self._mapped(header, payloads)]
         own = set(header["own_names"])
         self._set_training(False)
         with torch.no_grad(), self._candidate_running():
@@ -261,7 +277,7 @@ class Subject:
         new tensors holding the same values launched the same own kernels (not: forward answers values it has seen
         from memory; a cache keyed on the tensors themselves is not asked about here, fresh values defeat it)."""
         args = self._inputs(header, payloads)
-        anew = [a.clone() if isinstance(a, torch.Tensor) else a for a in args]  # the same values in new tensors
+        anew = self._own_copy(args)  # the same values in new tensors
         training, grad_mode = MODES[header["mode"]]
         self._set_training(training)
         with grad_mode(), self._candidate_running():
