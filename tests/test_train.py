@@ -294,6 +294,9 @@ def test_two_steps_then_resume(tmp_path, monkeypatch, tiny_policy):
         assert m["turn_correct"] == [0.5, 0.5]  # turn 1: the success; turn 2: the repair
         assert m["kept_void_turn"] == 0.75 and m["kept_prs"] == 0.5 and m["kept_mrs"] == 1.0
         assert m["evaluations"] == 6 and m["tokens"] > 0
+        # on the CPU a correct turn's coverage is not measured: its kind is `unmeasured`, every other turn `failed`
+        assert m["kind_shares"] == {"lazy": 0.0, "partial": 0.0, "unfused": 0.0, "fused": 0.0, "unmeasured": 0.5,
+                                    "failed": 0.5}
         assert all(m[k] >= 0 for k in ("time_generation_s", "time_evaluation_s", "time_update_s"))
 
     # validation at step 2: the agent loop with the model being trained (sample 0's script: a success, then a

@@ -15,6 +15,7 @@ from typing import Any
 from drkernel.report import figures
 from drkernel.report.metrics import (
     Trajectories,
+    answer_kinds,
     lazy_threshold,
     level_stats,
     outcomes,
@@ -26,6 +27,7 @@ from drkernel.report.runs import Run, read_run
 from drkernel.report.tables import (
     Table,
     TurnKey,
+    kinds_table,
     levels_table,
     outcomes_table,
     tasks_table,
@@ -80,12 +82,14 @@ def _bench_sections(report: Report, bench: list[Run]) -> None:
     stats = [s for r, t in zip(bench, trajs) for s in level_stats(r.turns_name, t)]
     curves = [turn_curves(r.turns_name, t) for r, t in zip(bench, trajs)]
     outs = [outcomes(r.turns_name, t) for r, t in zip(bench, trajs)]
+    kinds = [answer_kinds(r.turns_name, t) for r, t in zip(bench, trajs)]
     bests = [task_bests(t) for t in trajs]
     code_paths = [_write_code(report.out, i, r, b) for i, (r, b) in enumerate(zip(bench, bests))]
     report.tables += [
         levels_table(stats, report.published),
         turns_table(curves, report.published),
         outcomes_table(outs),
+        kinds_table(kinds),
         tasks_table([r.turns_name for r in bench], bests, code_paths),
     ]
     interpreter = any(t.interpreter for r in bench for t in r.turns)

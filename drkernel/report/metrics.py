@@ -166,6 +166,17 @@ def outcomes(run: str, traj: Trajectories) -> Outcomes:
 
 
 @dataclass(frozen=True)
+class Kinds:
+    run: str
+    counts: list[dict[str, int]]  # per turn: answer kind -> number of trajectories
+
+
+def answer_kinds(run: str, traj: Trajectories) -> Kinds:
+    """Per turn, how many answers were lazy, partial, unfused, fused (drkernel.rl.kinds), unmeasured or failed."""
+    return Kinds(run, [dict(Counter(c.kind for c in column if c)) for column in zip(*traj.cells)])
+
+
+@dataclass(frozen=True)
 class TaskBest:
     task: str
     level: int | None

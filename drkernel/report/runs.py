@@ -18,7 +18,7 @@ from typing import Any
 
 from drkernel.agent.records import GENERATION_ERRORS, TRAJECTORIES, read_jsonl_lines
 from drkernel.errors import UsageError
-from drkernel.rl import measured_coverage
+from drkernel.rl import AnswerKind, answer_kind, measured_coverage
 
 METRICS = "metrics.jsonl"
 REQUIRED_FIELDS = ("task", "level", "sample", "turn", "status", "result", "reward", "code")
@@ -44,6 +44,7 @@ class Turn:
     reward: float
     code: str | None
     interpreter: bool  # timed under Triton's interpreter: the speedup says nothing of GPU speed
+    kind: str = AnswerKind.FAILED.value  # lazy, partial, unfused, fused, unmeasured or failed (drkernel.rl.kinds)
 
 
 @dataclass
@@ -201,6 +202,7 @@ def _turn(row: dict[str, Any], path: Path, line: int) -> Turn:
         reward=float(row["reward"]),
         code=row["code"],
         interpreter=bool((result.get("environment") or {}).get("interpreter", False)),
+        kind=answer_kind(result).value,
     )
 
 

@@ -12,9 +12,10 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from drkernel.report.metrics import CURVE_P, FAST_P, LevelStats, Outcomes, TaskBest, TurnCurves
+from drkernel.report.metrics import CURVE_P, FAST_P, Kinds, LevelStats, Outcomes, TaskBest, TurnCurves
 from drkernel.report.published import Published
 from drkernel.report.runs import Turn
+from drkernel.rl.kinds import PARTIAL_COVERAGE, AnswerKind
 
 TurnKey = tuple[str, int, int]
 
@@ -139,6 +140,19 @@ def outcomes_table(all_outcomes: list[Outcomes]) -> Table:
     for o in all_outcomes:
         for t, counts in enumerate(o.counts, 1):
             table.rows.append([o.run, t] + [counts.get(c, 0) for c in categories])
+    return table
+
+
+def kinds_table(all_kinds: list[Kinds]) -> Table:
+    columns = [kind.value for kind in AnswerKind]
+    table = Table("kinds", "Answers per turn by kind (number of trajectories)", ["run", "turn"] + columns,
+                  ["text", "int"] + ["int"] * len(columns),
+                  caption=f"Lazy: hacked as lazy_kernel. Partial: correct, own kernels under {PARTIAL_COVERAGE:g} of "
+                          "the GPU time. Unfused / fused: correct and covering, several own kernels / one. "
+                          "Unmeasured: correct, coverage (no GPU) or own kernels not recorded. Failed: anything else.")
+    for k in all_kinds:
+        for t, counts in enumerate(k.counts, 1):
+            table.rows.append([k.run, t] + [counts.get(c, 0) for c in columns])
     return table
 
 

@@ -4,6 +4,7 @@ Only torch and numpy are needed; see docs/algorithms.md for the formulas and whe
 """
 
 from drkernel.rl.advantages import grpo_advantages, reward_to_go, rloo_advantages, trloo_advantages
+from drkernel.rl.kinds import AnswerKind, answer_kind
 from drkernel.rl.metrics import (
     fast_p,
     fast_p_best_of_history,
@@ -22,7 +23,9 @@ from drkernel.rl.rejection import (
 from drkernel.rl.rewards import RewardConfig, measured_coverage, reward, rewards
 
 __all__ = [
+    "AnswerKind",
     "RewardConfig",
+    "answer_kind",
     "fast_p",
     "fast_p_best_of_history",
     "fast_p_last_turn",

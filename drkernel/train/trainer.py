@@ -20,8 +20,9 @@ import torch
 
 from drkernel.agent.config import BenchConfig
 from drkernel.agent.prompts import PromptTemplates, first_turn_prompt
+from drkernel.rl.kinds import AnswerKind, answer_kind
 from drkernel.rl.metrics import fast_p_per_turn
-from drkernel.schema import HackReason, Status
+from drkernel.schema import Status
 from drkernel.tasks.loaders import require
 from drkernel.tasks.task import Task
 from drkernel.train.config import TrainConfig
@@ -181,7 +182,7 @@ class DrKernelTrainer(trl.GRPOTrainer):
                 rows.append({
                     "trajectory": base + i, "turn": record.turn, "reward": record.reward, "correct": record.correct,
                     "coverage": turn_coverage(record), "speedup": record.speedup, "status": record.status,
-                    "lazy": bool(record.result and HackReason.LAZY_KERNEL.value in (record.result.get("hack_reasons") or [])),
+                    "kind": answer_kind(record.result).value,
                     "mrs": None if mrs_local is None else mrs_local[n], "task": record.task,
                 })
                 n += 1
@@ -293,7 +294,8 @@ class DrKernelTrainer(trl.GRPOTrainer):
             "turn_fast_1": _finite(fast_p_per_turn(speedups, correct, 1.0, reached).tolist()),
             "turn_fast_1_2": _finite(fast_p_per_turn(speedups, correct, 1.2, reached).tolist()),
             "hacked_share": sum(r["status"] == Status.HACKED for r in rows) / max(len(rows), 1),
-            "lazy_share": sum(r["lazy"] for r in rows) / max(len(rows), 1),
+            "lazy_share": sum(r["kind"] == AnswerKind.LAZY for r in rows) / max(len(rows), 1),
+            "kind_shares": {k.value: sum(r["kind"] == k for r in rows) / max(len(rows), 1) for k in AnswerKind},
             "coverage_mean": sum(coverage) / len(coverage) if coverage else None,
             "kept_mrs": kept_fraction(signals, "mrs"),
             "kept_prs": kept_fraction(signals, "prs"),
