@@ -66,8 +66,12 @@ def test_options_validate_the_rule() -> None:
 def test_half_inputs_are_refused_when_matched_and_accepted_by_tolerance() -> None:
     task = _source("examples/tasks/4_matmul_small.py")
     half = _source("tests/exploits/p1_fp16_inputs_matmul.py")
-    matched = drkernel.evaluate(task, half, **FAST)
-    tolerance = drkernel.evaluate(task, half, precision="tolerance", **FAST)
+    # Its elementwise error (max 0.0102-0.0117 on the secret trials' inputs) straddles the default atol/rtol of 0.01:
+    # at those, 2 of 9 evaluations failed a trial or a checked timed call. The precision rule is what is tested here,
+    # so the elementwise tolerance is set wide enough for every draw.
+    loose = {**FAST, "atol": 0.05, "rtol": 0.05}
+    matched = drkernel.evaluate(task, half, **loose)
+    tolerance = drkernel.evaluate(task, half, precision="tolerance", **loose)
     honest = drkernel.evaluate(task, _source("examples/candidates/4_matmul_small__triton.py"), **FAST)
     assert matched.status == Status.HACKED.value and matched.hack_reasons == ["precision_downcast"]
     assert "float16" in matched.hack_details["precision_downcast"]
