@@ -1,11 +1,14 @@
 """How fast a local policy generates through `HFChatModel`'s path (docs/experiments.md, "Generation speed").
 
     python benchmarks/generation_speed.py MODEL [--rows 32] [--tokens 256] [--device cuda] [--out FILE]
+                                          [--dtypes float32 bfloat16] [--static-cache]
 
-The miniature's budget is mostly generation: this times `generate` per new-token step for one left-padded batch,
-with transformers' own sampling and with the per-row seeded sampler `HFChatModel` uses (`_RowSampler`), after a
-warm-up call (the first call in a process pays CUDA's and the kernels' start-up). Every row is made to produce
-exactly `--tokens` tokens, so the figures are per step of the whole batch.
+The miniature's budget is mostly generation: this times `generate` per new-token step for one left-padded batch:
+greedy first (the first call of a variant pays CUDA's and the kernels' start-up, and with a static cache on a GPU
+the compilation transformers then makes of the forward), then with transformers' own sampling and with the per-row
+seeded sampler `HFChatModel` uses (`_RowSampler`). Every row is made to produce exactly `--tokens` tokens, so the
+figures are per step of the whole batch. One run per weight dtype of `--dtypes`, each with the dynamic cache and,
+with `--static-cache`, again with a static one: what item 3 of issue 21 asks to choose between, measured in one call.
 """
 
 from __future__ import annotations
@@ -37,27 +40,34 @@ def step_ms(model, batch, tokens: int, **sampling) -> float:
     return (time.perf_counter() - started) / tokens * 1000
 
 
-def measure(model_dir: str, rows: int, tokens: int, device: str) -> dict:
+def measure(model_dir: str, rows: int, tokens: int, device: str, dtypes: list[str] | None = None,
+            static_cache: bool = False) -> dict:
     from transformers import TemperatureLogitsWarper, TopPLogitsWarper
 
     tokenizer = load_tokenizer(model_dir, padding_side="left")
     tokenizer.pad_token = tokenizer.pad_token or tokenizer.eos_token
-    model = load_causal_lm(model_dir).to(device).eval()
     prompts = [[{"role": "user", "content": "Write a Triton kernel for this chain. " * (20 + i)}] for i in range(rows)]
     batch = tokenizer.apply_chat_template(prompts, add_generation_prompt=True, padding=True, return_tensors="pt",
                                           return_dict=True).to(device)
-    pad = {"pad_token_id": tokenizer.pad_token_id}
-    row_sampler = [TemperatureLogitsWarper(1.0), TopPLogitsWarper(0.95),
-                   _RowSampler([random.getrandbits(63) for _ in range(rows)], device)]
-    return {
-        "model": model_dir, "device": device, "dtype": str(model.dtype), "rows": rows, "tokens": tokens,
-        "prompt_tokens": int(batch["input_ids"].shape[1]),
-        "first_call_ms_per_step": step_ms(model, batch, tokens, do_sample=False, **pad),
-        "transformers_sampling_ms_per_step": step_ms(model, batch, tokens, do_sample=True, temperature=1.0,
-                                                     top_p=0.95, top_k=0, **pad),
-        "row_sampler_ms_per_step": step_ms(model, batch, tokens, do_sample=False, logits_processor=row_sampler,
-                                           **pad),
-    }
+    runs = []
+    for dtype in dtypes or ["auto"]:
+        model = load_causal_lm(model_dir, dtype if dtype == "auto" else getattr(torch, dtype)).to(device).eval()
+        for cache in ["dynamic", "static"] if static_cache else ["dynamic"]:
+            settings = {"pad_token_id": tokenizer.pad_token_id,
+                        **({"cache_implementation": "static"} if cache == "static" else {})}
+            row_sampler = [TemperatureLogitsWarper(1.0), TopPLogitsWarper(0.95),
+                           _RowSampler([random.getrandbits(63) for _ in range(rows)], device)]
+            runs.append({
+                "dtype": str(model.dtype).removeprefix("torch."), "cache": cache,
+                "first_call_ms_per_step": step_ms(model, batch, tokens, do_sample=False, **settings),
+                "transformers_sampling_ms_per_step": step_ms(model, batch, tokens, do_sample=True, temperature=1.0,
+                                                             top_p=0.95, top_k=0, **settings),
+                "row_sampler_ms_per_step": step_ms(model, batch, tokens, do_sample=False,
+                                                   logits_processor=row_sampler, **settings),
+            })
+        del model
+    return {"model": model_dir, "device": device, "rows": rows, "tokens": tokens,
+            "prompt_tokens": int(batch["input_ids"].shape[1]), "runs": runs}
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -67,12 +77,16 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--tokens", type=int, default=256)
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--out", type=Path, default=None, help="also write the figures here as JSON")
+    parser.add_argument("--dtypes", nargs="+", choices=["auto", "float32", "bfloat16", "float16"], default=["auto"],
+                        help="weight dtypes, one run each (auto: the checkpoint's)")
+    parser.add_argument("--static-cache", action="store_true",
+                        help="each dtype again with a static cache (which transformers compiles on a GPU)")
     args = parser.parse_args(argv)
     try:
         locate(args.model_dir)
     except ValueError as exc:
         parser.error(str(exc))
-    figures = measure(args.model_dir, args.rows, args.tokens, args.device)
+    figures = measure(args.model_dir, args.rows, args.tokens, args.device, args.dtypes, args.static_cache)
     print(json.dumps(figures, indent=1))
     if args.out:
         args.out.write_text(json.dumps(figures, indent=1))
