@@ -53,5 +53,6 @@ def _own_kernels(profile: Any) -> set[str]:
     if isinstance(launches, Mapping) and launches:
         return {str(name) for name in launches}
     kernels = profile.get("kernels")
-    return {str(k.get("name")) for k in kernels if isinstance(k, Mapping) and k.get("own")} if isinstance(
-        kernels, list) else set()
+    if not isinstance(kernels, list):
+        return set()
+    return {str(k.get("name")) for k in kernels if isinstance(k, Mapping) and k.get("own")}

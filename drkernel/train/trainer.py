@@ -281,6 +281,7 @@ class DrKernelTrainer(trl.GRPOTrainer):
             speedups[i][t] = math.nan if r["speedup"] is None else float(r["speedup"])
         rewards = torch.tensor([r["reward"] for r in rows], dtype=torch.float64)
         coverage = [r["coverage"] for r in rows if r["coverage"] is not None]
+        kind_shares = {k.value: sum(r["kind"] == k for r in rows) / max(len(rows), 1) for k in AnswerKind}
         reached_turns = torch.tensor(reached).sum(0).clamp(min=1)
         tokens = self.accelerator.gather(
             (output["prompt_mask"].sum() + output["completion_mask"].sum()).reshape(1)
@@ -294,8 +295,8 @@ class DrKernelTrainer(trl.GRPOTrainer):
             "turn_fast_1": _finite(fast_p_per_turn(speedups, correct, 1.0, reached).tolist()),
             "turn_fast_1_2": _finite(fast_p_per_turn(speedups, correct, 1.2, reached).tolist()),
             "hacked_share": sum(r["status"] == Status.HACKED for r in rows) / max(len(rows), 1),
-            "lazy_share": sum(r["kind"] == AnswerKind.LAZY for r in rows) / max(len(rows), 1),
-            "kind_shares": {k.value: sum(r["kind"] == k for r in rows) / max(len(rows), 1) for k in AnswerKind},
+            "lazy_share": kind_shares[AnswerKind.LAZY.value],
+            "kind_shares": kind_shares,
             "coverage_mean": sum(coverage) / len(coverage) if coverage else None,
             "kept_mrs": kept_fraction(signals, "mrs"),
             "kept_prs": kept_fraction(signals, "prs"),
