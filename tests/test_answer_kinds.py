@@ -60,3 +60,5 @@ def test_report_counts_answer_kinds_per_turn(tmp_path) -> None:
         rows = {int(r["turn"]): {k: int(v) for k, v in r.items() if k not in ("run", "turn") and int(v)}
                 for r in csv.DictReader(handle)}
     assert rows == {1: {"lazy": 1, "partial": 1, "failed": 1}, 2: {"fused": 1, "unfused": 1}}
+    html = (tmp_path / "report" / "report.html").read_text()
+    assert html.index('id="kinds"') < html.index(">unmeasured<")  # the table is on the page, not only in tables/

@@ -323,8 +323,9 @@ def test_figures_are_real_images_and_the_html_is_self_contained(report: Path) ->
     for href in re.findall(r'href="([^"]+)"', html):
         assert (report / href).is_file(), href
     assert html.count(NOT_MEASURED) == 4  # three level rows and the STTS row of the turn table
-    for name in ("levels", "turns", "outcomes", "tasks"):
+    for name in ("levels", "turns", "outcomes", "kinds", "tasks"):
         assert (report / "tables" / f"{name}.md").read_text().startswith("### ")
+    assert '<h2 id="kinds">Answer kinds</h2>' in html
 
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
