@@ -389,6 +389,18 @@ def test_figures_fit_what_they_show(tmp_path, monkeypatch):
     ax = drawn[-1].axes[0]
     assert not [t for t in ax.xaxis.get_minor_formatter().format_ticks([0.2, 0.3, 0.4]) if t]
 
+    # the published Fast@1.2 lines (drawn in the second panel only) stay inside the shared y axis, whatever the
+    # first panel's curves reach
+    from drkernel.report.metrics import TurnCurves
+
+    curves = [TurnCurves("run", [4, 4], [0.25, 0.0], *({1.0: [0.3, 0.0], 1.2: [0.0, 0.0]},) * 3)]
+    stts = Published("stts", "src", 2, {"last_turn_fast_1_2": 0.316, "best_of_history_fast_1_2": 0.478})
+    figures.turns_figure(curves, [stts], tmp_path / "u.png")
+    fast_1_2 = drawn[-1].axes[1]
+    published = [line.get_ydata()[0] for line in fast_1_2.get_lines() if line.get_color() == "grey"]
+    assert sorted(published) == [pytest.approx(31.6), pytest.approx(47.8)]
+    assert fast_1_2.get_ylim()[1] > 47.8
+
 
 def figures_metric_keys() -> list[str]:
     from drkernel.report.published import METRICS

@@ -116,8 +116,14 @@ def turns_figure(curves: list[TurnCurves], published: list[Published], path: Pat
         ax.set_xticks(range(1, width + 1))
         ax.set_xlabel("turn")
         ax.set_title(f"{p_label(p)} (%)")
-        ax.set_ylim(0, max(10.0, ax.get_ylim()[1]))
         ax.grid(alpha=0.3)
+    # the panels share their y axis: its top is set once, over every panel's curves and published lines (set per
+    # panel, the first panel's top cut off the published lines drawn only in the second)
+    top = max([100 * v for c in curves for values in (c.turn, c.last, c.best) for p in CURVE_P for v in values[p]
+               if not math.isnan(v)]
+              + [100 * v for e in published for k in ("last", "best") for p in CURVE_P
+                 if (v := e.value(k, p)) is not None], default=0.0)
+    axes[0].set_ylim(0, max(10.0, 1.05 * top))
     axes[0].set_ylabel("% of trajectories")
     handles, labels = axes[0].get_legend_handles_labels()
     more = axes[-1].get_legend_handles_labels()
