@@ -1,14 +1,16 @@
 """How fast a local policy generates through `HFChatModel`'s path (docs/experiments.md, "Generation speed").
 
     python benchmarks/generation_speed.py MODEL [--rows 32] [--tokens 256] [--device cuda] [--out FILE]
-                                          [--dtypes float32 bfloat16] [--static-cache]
+                                          [--dtypes float32 bfloat16] [--static-cache] [--lora-rank R]
 
 The miniature's budget is mostly generation: this times `generate` per new-token step for one left-padded batch:
 greedy first (the first call of a variant pays CUDA's and the kernels' start-up, and with a static cache on a GPU
 the compilation transformers then makes of the forward), then with transformers' own sampling and with the per-row
 seeded sampler `HFChatModel` uses (`_RowSampler`). Every row is made to produce exactly `--tokens` tokens, so the
 figures are per step of the whole batch. One run per weight dtype of `--dtypes`, each with the dynamic cache and,
-with `--static-cache`, again with a static one: what item 3 of issue 21 asks to choose between, measured in one call.
+with `--static-cache`, again with a static one (`static_cache_settings`, as `drkernel train` and `bench` use it):
+what item 3 of issue 21 asks to choose between, measured in one call. `--lora-rank R` wraps the model in a fresh LoRA
+adapter of that rank first, as `drkernel train` generates with it (every linear layer's adapter adds launches).
 """
 
 from __future__ import annotations
@@ -25,7 +27,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from drkernel.agent.backends import _RowSampler  # noqa: E402
-from drkernel.agent.local_models import load_causal_lm, load_tokenizer, locate  # noqa: E402
+from drkernel.agent.local_models import load_causal_lm, load_tokenizer, locate, static_cache_settings  # noqa: E402
+from drkernel.train.lora import lora_config  # noqa: E402
 
 
 def step_ms(model, batch, tokens: int, **sampling) -> float:
@@ -41,7 +44,7 @@ def step_ms(model, batch, tokens: int, **sampling) -> float:
 
 
 def measure(model_dir: str, rows: int, tokens: int, device: str, dtypes: list[str] | None = None,
-            static_cache: bool = False) -> dict:
+            static_cache: bool = False, lora_rank: int = 0) -> dict:
     from transformers import TemperatureLogitsWarper, TopPLogitsWarper
 
     tokenizer = load_tokenizer(model_dir, padding_side="left")
@@ -51,10 +54,15 @@ def measure(model_dir: str, rows: int, tokens: int, device: str, dtypes: list[st
                                           return_dict=True).to(device)
     runs = []
     for dtype in dtypes or ["auto"]:
-        model = load_causal_lm(model_dir, dtype if dtype == "auto" else getattr(torch, dtype)).to(device).eval()
+        model = load_causal_lm(model_dir, dtype if dtype == "auto" else getattr(torch, dtype))
+        if lora_rank:
+            import peft
+
+            model = peft.get_peft_model(model, lora_config(lora_rank))
+        model = model.to(device).eval()
         for cache in ["dynamic", "static"] if static_cache else ["dynamic"]:
             settings = {"pad_token_id": tokenizer.pad_token_id,
-                        **({"cache_implementation": "static"} if cache == "static" else {})}
+                        **(static_cache_settings(batch["input_ids"].shape[1] + tokens) if cache == "static" else {})}
             row_sampler = [TemperatureLogitsWarper(1.0), TopPLogitsWarper(0.95),
                            _RowSampler([random.getrandbits(63) for _ in range(rows)], device)]
             runs.append({
@@ -66,7 +74,7 @@ def measure(model_dir: str, rows: int, tokens: int, device: str, dtypes: list[st
                                                    logits_processor=row_sampler, **settings),
             })
         del model
-    return {"model": model_dir, "device": device, "rows": rows, "tokens": tokens,
+    return {"model": model_dir, "device": device, "rows": rows, "tokens": tokens, "lora_rank": lora_rank,
             "prompt_tokens": int(batch["input_ids"].shape[1]), "runs": runs}
 
 
@@ -81,12 +89,14 @@ def main(argv: list[str] | None = None) -> dict:
                         help="weight dtypes, one run each (auto: the checkpoint's)")
     parser.add_argument("--static-cache", action="store_true",
                         help="each dtype again with a static cache (which transformers compiles on a GPU)")
+    parser.add_argument("--lora-rank", type=int, default=0, help="wrap the model in a fresh LoRA adapter of this rank")
     args = parser.parse_args(argv)
     try:
         locate(args.model_dir)
     except ValueError as exc:
         parser.error(str(exc))
-    figures = measure(args.model_dir, args.rows, args.tokens, args.device, args.dtypes, args.static_cache)
+    figures = measure(args.model_dir, args.rows, args.tokens, args.device, args.dtypes, args.static_cache,
+                      args.lora_rank)
     print(json.dumps(figures, indent=1))
     if args.out:
         args.out.write_text(json.dumps(figures, indent=1))

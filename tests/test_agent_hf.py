@@ -130,6 +130,23 @@ def test_seeded_sampled_requests_share_a_batch_and_repeat_their_lone_answers(mod
     assert alone[0].text != alone[1].text  # another seed, another sample
 
 
+def test_a_static_cache_answers_as_the_dynamic_one_and_is_sized_in_rounded_steps(model_path):
+    """The static cache (which transformers compiles on a GPU) changes the speed, not the answers: greedy and seeded
+    sampled batches give the same completions; the cache it asks for holds the prompt and every new token."""
+    from drkernel.agent.local_models import STATIC_CACHE_ROUNDING, static_cache_settings
+
+    plain, static = (HFChatModel(model_path, max_batch=3, batch_wait_s=2.0, static_cache=s) for s in (False, True))
+    sampled = SamplingParams(max_tokens=8, temperature=1.0, top_p=0.95)
+    asked = []
+    generate = static.model.generate
+    static.model.generate = lambda input_ids, **kwargs: asked.append(kwargs) or generate(input_ids, **kwargs)
+    for params, seeds in ((GREEDY, None), (sampled, [11, 12, 13])):
+        assert asyncio.run(ask_together(static, PROMPTS, params, seeds)) == asyncio.run(
+            ask_together(plain, PROMPTS, params, seeds))
+    assert [(k["cache_implementation"], k["max_cache_len"]) for k in asked] == [("static", STATIC_CACHE_ROUNDING)] * 2
+    assert static_cache_settings(STATIC_CACHE_ROUNDING + 1)["max_cache_len"] == 2 * STATIC_CACHE_ROUNDING
+
+
 def test_generation_behind_the_device_gate_waits_for_a_timing_and_makes_way_every_step(model_path, tmp_path,
                                                                                        monkeypatch):
     lock = tmp_path / "gate-gpu-0"

@@ -111,6 +111,21 @@ def test_mrs_per_turn_rejects_a_mismatched_turn_only():
     assert mrs_turn_keep(trainer, rollout, [0, 0], masks) == [False, False]
 
 
+def test_the_static_cache_is_sized_at_the_first_turn_for_the_whole_trajectory():
+    """One length for every turn of a run (transformers compiles the decoding step once per length): the first
+    turn's context, each turn's answer and the feedback between; a context that outgrows it sizes it again."""
+    from types import SimpleNamespace
+
+    from drkernel.train.config import TrainConfig
+    from drkernel.train.trainer import FEEDBACK_TOKENS, DrKernelTrainer
+
+    trainer = SimpleNamespace(config=TrainConfig(turns=3, max_new_tokens=100), _cache_len=0)
+    first = DrKernelTrainer._static_cache_len(trainer, 50)
+    assert first == 50 + 3 * 100 + 2 * FEEDBACK_TOKENS
+    assert DrKernelTrainer._static_cache_len(trainer, 50 + 2 * (100 + FEEDBACK_TOKENS)) == first  # the third turn
+    assert DrKernelTrainer._static_cache_len(trainer, first) == first + 3 * 100 + 2 * FEEDBACK_TOKENS
+
+
 # --- the rollout ----------------------------------------------------------------------------------------------
 
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Protocol
 
 from drkernel.errors import DrkernelError, UsageError
-from drkernel.agent.local_models import load_causal_lm, load_tokenizer, locate
+from drkernel.agent.local_models import load_causal_lm, load_tokenizer, locate, static_cache_settings
 from drkernel.tasks.loaders import require
 
 if TYPE_CHECKING:
@@ -234,11 +234,13 @@ class HFChatModel:
 
     With a device `gate` (that of the GPU the evaluations run on), generation holds it shared and makes way between
     decoding steps: it runs beside correctness checks, never while a candidate is timed.
+
+    `static_cache`: generate over a static KV cache (`static_cache_settings`), which transformers compiles on a GPU.
     """
 
     def __init__(
         self, path: str, device: str = "cpu", max_batch: int = 32, batch_wait_s: float = 0.005,
-        gate: DeviceGate | None = None,
+        gate: DeviceGate | None = None, static_cache: bool = False,
     ) -> None:
         try:
             locate(path)
@@ -257,6 +259,7 @@ class HFChatModel:
         self.model = model.to(device).eval()
         self.device = device
         self.gate = gate
+        self.static_cache = static_cache
         self.max_batch = max_batch
         self.batch_wait_s = batch_wait_s
         self._queue: queue.Queue[_HFRequest | None] = queue.Queue()
@@ -323,10 +326,12 @@ class HFChatModel:
         if self.gate is not None:
             sync = torch.cuda.synchronize if self.device.startswith("cuda") else (lambda: None)
             processors.insert(0, _MakeWay(self.gate, sync))
+        length = inputs["input_ids"].shape[1] + params.max_tokens
+        cache = static_cache_settings(length) if self.static_cache else {}
         with torch.no_grad(), self.gate.shared() if self.gate is not None else contextlib.nullcontext():
             output = self.model.generate(
                 inputs["input_ids"], attention_mask=inputs["attention_mask"], max_new_tokens=params.max_tokens,
-                do_sample=False, logits_processor=processors, pad_token_id=self.tokenizer.pad_token_id,
+                do_sample=False, logits_processor=processors, pad_token_id=self.tokenizer.pad_token_id, **cache,
             )
         eos = self.model.generation_config.eos_token_id
         eos = set(eos if isinstance(eos, list) else [self.tokenizer.eos_token_id if eos is None else eos])

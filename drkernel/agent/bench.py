@@ -112,7 +112,8 @@ def load_usable_tasks(config: BenchConfig) -> tuple[list[Task], list[str]]:
 def make_model(config: BenchConfig) -> ChatModel:
     if config.model.startswith(HF_PREFIX):
         device = "cuda" if config.evaluation.device == "cuda" else "cpu"
-        return HFChatModel(config.model[len(HF_PREFIX):], device=device, gate=generation_gate(config))
+        return HFChatModel(config.model[len(HF_PREFIX):], device=device, gate=generation_gate(config),
+                           static_cache=config.static_cache)
     assert config.base_url is not None
     return OpenAIChatModel(OpenAIChatConfig(config.base_url, config.model, config.api_key_env,
                                             config.request_timeout_s, config.retries))

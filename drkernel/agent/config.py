@@ -47,6 +47,8 @@ class BenchConfig:
         "help": "Nucleus sampling: the probability mass kept.", "min": 0.0, "max": 1.0})
     max_tokens: int = field(default=8192, metadata={"help": "Most tokens per model answer.", "min": 1})
     stop: list[str] = field(default_factory=list, metadata={"help": "Stop sequence (repeatable)."})
+    static_cache: bool = field(default=False, metadata={
+        "help": "hf: models: generate over a static KV cache, which transformers compiles on a GPU."})
     seed: int | None = field(default=None, metadata={
         "help": "Sample i asks with seed + i.", "default_text": "none sent"})
     prompts: str | None = field(default=None, metadata={"help": "TOML/JSON file overriding prompt templates."})

@@ -22,6 +22,15 @@ from drkernel.tasks.loaders import require
 
 GGUF_SUFFIX = ".gguf"
 ADAPTER_CONFIG = "adapter_config.json"
+STATIC_CACHE_ROUNDING = 512
+
+
+def static_cache_settings(length: int) -> dict[str, Any]:
+    """`generate`'s settings for a static KV cache of at least `length` tokens. On a GPU transformers compiles the
+    decoding step over a static cache (CUDA graphs): a small policy's step is bound by kernel launches, which that
+    removes. The length is rounded up, and transformers never shrinks the cache, so few lengths are compiled."""
+    rounded = -(-length // STATIC_CACHE_ROUNDING) * STATIC_CACHE_ROUNDING
+    return {"cache_implementation": "static", "max_cache_len": rounded}
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,7 @@ from drkernel.schema import EvalOptions
 
 BENCH_FIELDS = ("tasks", "levels", "problems", "names", "model", "base_url", "api_key_env", "samples", "turns",
                 "context", "temperature", "top_p", "max_tokens", "stop", "seed", "prompts", "profiling_reward",
-                "concurrency", "request_timeout_s", "retries")
+                "concurrency", "request_timeout_s", "retries", "static_cache")
 BENCH_EVAL_OPTIONS = ("device", "timeout_s", "correctness_trials", "perf_trials", "measure_performance", "precision")
 
 

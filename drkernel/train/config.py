@@ -52,6 +52,9 @@ class TrainConfig:
     vllm_mode: str = "colocate"  # or "server" (`trl vllm-serve` at vllm_server_base_url)
     vllm_server_base_url: str | None = None
     vllm_gpu_memory_utilization: float = 0.3
+    # transformers sampling (no vLLM): a static KV cache, sized once for the run's longest trajectory, which
+    # transformers compiles on a GPU with CUDA graphs: a small policy's decoding step is bound by kernel launches
+    static_cache: bool = False
     # evaluation (KernelGym): how each answer is judged (EvalOptions) and by which engine (embedded, Ray, a service)
     evaluation: EvalOptions = field(default_factory=EvalOptions)
     engine: EngineConfig = field(default_factory=EngineConfig)

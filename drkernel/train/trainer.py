@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from drkernel.agent.config import BenchConfig
+from drkernel.agent.local_models import static_cache_settings
 from drkernel.agent.prompts import PromptTemplates, first_turn_prompt
 from drkernel.rl.kinds import AnswerKind, answer_kind
 from drkernel.rl.metrics import fast_p_per_turn
@@ -36,6 +37,7 @@ transformers = require("transformers", "train", "Training")
 accelerate_utils = require("accelerate.utils", "train", "Training")
 
 METRICS = "metrics.jsonl"
+FEEDBACK_TOKENS = 1024  # what the environment adds between two answers, at most, in the static cache's sizing
 
 
 def _templates(config: TrainConfig) -> PromptTemplates:
@@ -101,6 +103,7 @@ class DrKernelTrainer(trl.GRPOTrainer):
         self._trajectories: list[Trajectory] = []
         self._step_metrics: dict[str, Any] = {}
         self._scored_at = 0.0
+        self._cache_len = 0  # the static cache's length so far (config.static_cache)
         self.add_callback(StepRecorder(self))
 
     def sample(self, contexts: list[list[int]]) -> tuple[list[list[int]], list[list[float]] | None]:
@@ -119,6 +122,7 @@ class DrKernelTrainer(trl.GRPOTrainer):
         with_logprobs = c.mrs_on
         pad = tokenizer.pad_token_id
         width = max(len(ids) for ids in contexts)
+        cache = static_cache_settings(self._static_cache_len(width)) if c.static_cache else {}
         device = self.accelerator.device
         ids = torch.tensor([[pad] * (width - len(x)) + x for x in contexts], device=device)
         attention = torch.tensor([[0] * (width - len(x)) + [1] * len(x) for x in contexts], device=device)
@@ -135,12 +139,22 @@ class DrKernelTrainer(trl.GRPOTrainer):
                 input_ids=ids, attention_mask=attention, max_new_tokens=c.max_new_tokens, do_sample=True,
                 temperature=c.temperature, top_p=c.top_p, top_k=0, pad_token_id=pad,
                 eos_token_id=tokenizer.eos_token_id, return_dict_in_generate=True, output_logits=with_logprobs,
+                **cache,
             )
         new = out.sequences[:, width:]
         if not with_logprobs:
             return new.tolist(), None
         logits = torch.stack(out.logits, dim=1).float() / c.temperature
         return new.tolist(), logits.log_softmax(-1).gather(-1, new.unsqueeze(-1)).squeeze(-1).tolist()
+
+    def _static_cache_len(self, width: int) -> int:
+        """The static cache's length: at the first turn, room for every turn's answer and the feedback between
+        them, so that transformers compiles its decoding step once for the run; a context that outgrows it sizes
+        it again (and recompiles)."""
+        c = self.config
+        if width + c.max_new_tokens > self._cache_len:
+            self._cache_len = width + c.turns * c.max_new_tokens + (c.turns - 1) * FEEDBACK_TOKENS
+        return self._cache_len
 
     # --- rollouts -------------------------------------------------------------------------------------------
 
