@@ -39,6 +39,11 @@ def test_overrides_are_typed_and_checked():
         load_config(TINY, ["turns=x"])
     with pytest.raises(ConfigError, match="advantage_estimator must be one of trloo, grpo, rloo, not 'ppo'"):
         load_config(TINY, ["advantage_estimator=ppo"])
+    with pytest.raises(ConfigError, match="rollout_dtype must be float32, bfloat16 or float16 .or unset., not 'fp8'"):
+        load_config(TINY, ["rollout_dtype=fp8"])
+    with pytest.raises(ConfigError, match="use_vllm samples with vLLM: choose one"):
+        load_config(TINY, ["rollout_dtype=bfloat16", "use_vllm=true"])
+    assert not load_config(TINY, ["rollout_dtype=bfloat16", "mrs=false"]).mrs_on  # MRS stays the user's to choose
 
 
 def test_context_that_hides_trained_turns_is_refused():
@@ -124,6 +129,44 @@ def test_the_static_cache_is_sized_at_the_first_turn_for_the_whole_trajectory():
     assert first == 50 + 3 * 100 + 2 * FEEDBACK_TOKENS
     assert DrKernelTrainer._static_cache_len(trainer, 50 + 2 * (100 + FEEDBACK_TOKENS)) == first  # the third turn
     assert DrKernelTrainer._static_cache_len(trainer, first) == first + 3 * 100 + 2 * FEEDBACK_TOKENS
+
+
+def test_the_rollout_copy_holds_the_policy_s_merged_weights_of_each_step_and_samples_as_it_does(tmp_path,
+                                                                                                  tiny_policy):
+    """rollout_dtype: sampling from a plain copy (what transformers compiles whole on a GPU), synced once per step
+    with the LoRA policy's merged weights; a float32 copy samples the tokens the policy itself samples."""
+    from drkernel.train import run as run_module
+    from drkernel.train.lora import merged_weights
+
+    tasks = tmp_path / "tasks"
+    tasks.mkdir()
+    shutil.copy(REPO / "examples" / "tasks" / "2_relu.py", tasks)
+    settings = [f"tasks={tasks}", f"output_dir={tmp_path / 'run'}", f"model={tiny_policy}", "turns=1",
+                "num_generations=2", "per_device_train_batch_size=2", "max_steps=1", "max_new_tokens=8",
+                "lora_rank=4", "rollout_dtype=float32", "validation_every=0"]
+    trainer = run_module.train(load_config(TINY, settings))
+    assert trainer.config.mrs_on  # another engine than the trainer's forward pass: MRS on by default
+    policy = trainer.accelerator.unwrap_model(trainer.model)
+    copy = trainer._rollout_copy()
+    before = {name: tensor.clone() for name, tensor in copy.state_dict().items()}
+    with torch.no_grad():  # what an optimizer step does to the adapter
+        for name, parameter in policy.named_parameters():
+            if "lora_B" in name:
+                parameter.normal_(0, 0.1)
+    assert trainer._rollout_copy() is copy and all(torch.equal(before[k], v) for k, v in copy.state_dict().items())
+    trainer.state.global_step += 1  # the next step: synced, in place
+    assert trainer._rollout_copy() is copy
+    merged = merged_weights(policy)
+    assert set(merged) == set(copy.state_dict())
+    assert all(torch.equal(copy.state_dict()[name], tensor) for name, tensor in merged.items())
+    assert not all(torch.equal(before[name], tensor) for name, tensor in merged.items())
+    contexts = [trainer.processing_class("write a relu kernel")["input_ids"]] * 2
+    torch.manual_seed(0)
+    from_copy, logprobs = trainer.sample_transformers(contexts)
+    trainer.config.rollout_dtype = None
+    torch.manual_seed(0)
+    assert trainer.sample_transformers(contexts)[0] == from_copy
+    assert logprobs is not None and len(logprobs[0]) == len(from_copy[0])
 
 
 # --- the rollout ----------------------------------------------------------------------------------------------

@@ -55,6 +55,11 @@ class TrainConfig:
     # transformers sampling (no vLLM): a static KV cache, sized once for the run's longest trajectory, which
     # transformers compiles on a GPU with CUDA graphs: a small policy's decoding step is bound by kernel launches
     static_cache: bool = False
+    # transformers sampling from a copy of the policy in this dtype (e.g. bfloat16), its weights (LoRA merged) synced
+    # before each step's rollout, as a vLLM engine's are; None samples with the trainer's model itself. The copy is a
+    # plain model, which transformers compiles whole (under LoRA and autocast the trainer's model decoded at 2.3x
+    # the copy's time per token in the H100 measurement of docs/experiments.md)
+    rollout_dtype: str | None = None
     # evaluation (KernelGym): how each answer is judged (EvalOptions) and by which engine (embedded, Ray, a service)
     evaluation: EvalOptions = field(default_factory=EvalOptions)
     engine: EngineConfig = field(default_factory=EngineConfig)
@@ -69,8 +74,8 @@ class TrainConfig:
     prs: bool = True
     prs_low: float = 0.3
     prs_high: float = 0.4
-    # MRS guards against a rollout engine that is not the trainer: None turns it on exactly with vLLM; on with
-    # transformers sampling, it tests generate's log-probs against the trainer's forward pass
+    # MRS guards against a rollout engine that is not the trainer: None turns it on exactly with vLLM or a rollout
+    # copy (rollout_dtype); on with the trainer's own sampling, it tests generate's log-probs against its forward
     mrs: bool | None = None
     mrs_low: float = 0.999
     mrs_high: float = 1.001
@@ -126,6 +131,11 @@ class TrainConfig:
                 )
         if self.model_dtype not in ("auto", "float32", "bfloat16"):
             problems.append(f"model_dtype must be auto, float32 or bfloat16, not {self.model_dtype!r}")
+        if self.rollout_dtype not in (None, "float32", "bfloat16", "float16"):
+            problems.append(f"rollout_dtype must be float32, bfloat16 or float16 (or unset), not {self.rollout_dtype!r}")
+        elif self.rollout_dtype and self.use_vllm:
+            problems.append("rollout_dtype sets up a transformers copy for sampling, and use_vllm samples with vLLM: "
+                            "choose one")
         if self.vllm_mode not in ("colocate", "server"):
             problems.append(f"vllm_mode must be colocate or server, not {self.vllm_mode!r}")
         if not 0 <= self.prs_low < self.prs_high:
@@ -143,7 +153,7 @@ class TrainConfig:
 
     @property
     def mrs_on(self) -> bool:
-        return self.use_vllm if self.mrs is None else self.mrs
+        return (self.use_vllm or self.rollout_dtype is not None) if self.mrs is None else self.mrs
 
     def context_policy(self) -> ContextPolicy:
         return ContextPolicy.parse(self.context)

@@ -9,10 +9,11 @@ which only the loss reads), so the attention still sees every token.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +28,7 @@ from drkernel.schema import Status
 from drkernel.tasks.loaders import require
 from drkernel.tasks.task import Task
 from drkernel.train.config import TrainConfig
-from drkernel.train.lora import lora_config
+from drkernel.train.lora import lora_config, merged_weights
 from drkernel.train.rollout import GenerateFn, MultiTurnRollout, RolloutStats, Trajectory, turn_coverage
 from drkernel.train.signals import JudgedTurn, kept_fraction, mrs_turn_keep, step_signals
 from drkernel.train.validation import TrainerChatModel, Validation
@@ -104,20 +105,21 @@ class DrKernelTrainer(trl.GRPOTrainer):
         self._step_metrics: dict[str, Any] = {}
         self._scored_at = 0.0
         self._cache_len = 0  # the static cache's length so far (config.static_cache)
+        self._copy: Any = None  # the rollout copy (config.rollout_dtype) and the step its weights are from
+        self._copy_step: int | None = None
         self.add_callback(StepRecorder(self))
 
     def sample(self, contexts: list[list[int]]) -> tuple[list[list[int]], list[list[float]] | None]:
         """One turn's answers for a batch of token contexts: vLLM through TRL when configured (TRL has synced the
-        weights before the rollout), else the trainer's own model."""
+        weights before the rollout), else transformers."""
         if not self.use_vllm:
             return self.sample_transformers(contexts)
         _, completion_ids, logprobs, _ = self.vllm_generation.generate(prompts=contexts, images=None, num_generations=1)
         return completion_ids, [[token[0] for token in row] for row in logprobs]  # the sampled token's log-prob
 
     def sample_transformers(self, contexts: list[list[int]]) -> tuple[list[list[int]], list[list[float]] | None]:
-        """Sampling with transformers' `generate` on the trainer's own model (unwrapped by TRL's context, which
-        also lifts gradient checkpointing so the KV cache works), left-padded, one batch per turn. With MRS on it
-        also gives each sampled token's log-probability under logits / temperature, as the trainer computes it."""
+        """Sampling with transformers' `generate` (`_sampling_model`), left-padded, one batch per turn. With MRS on
+        it also gives each sampled token's log-probability under logits / temperature, as the trainer computes it."""
         tokenizer, c = self.processing_class, self.config
         with_logprobs = c.mrs_on
         pad = tokenizer.pad_token_id
@@ -126,15 +128,7 @@ class DrKernelTrainer(trl.GRPOTrainer):
         device = self.accelerator.device
         ids = torch.tensor([[pad] * (width - len(x)) + x for x in contexts], device=device)
         attention = torch.tensor([[0] * (width - len(x)) + [1] * len(x) for x in contexts], device=device)
-        with (
-            trl.models.unwrap_model_for_generation(
-                self.model_wrapped,
-                self.accelerator,
-                gather_deepspeed3_params=self.args.ds3_gather_for_generation,
-                gradient_checkpointing_kwargs=self.args.gradient_checkpointing_kwargs,
-            ) as model,
-            torch.no_grad(),
-        ):
+        with self._sampling_model() as model, torch.no_grad():
             out = model.generate(
                 input_ids=ids, attention_mask=attention, max_new_tokens=c.max_new_tokens, do_sample=True,
                 temperature=c.temperature, top_p=c.top_p, top_k=0, pad_token_id=pad,
@@ -146,6 +140,42 @@ class DrKernelTrainer(trl.GRPOTrainer):
             return new.tolist(), None
         logits = torch.stack(out.logits, dim=1).float() / c.temperature
         return new.tolist(), logits.log_softmax(-1).gather(-1, new.unsqueeze(-1)).squeeze(-1).tolist()
+
+    @contextlib.contextmanager
+    def _sampling_model(self) -> Iterator[Any]:
+        """What samples: the rollout copy (config.rollout_dtype), else the trainer's own model, unwrapped by TRL's
+        context (which also lifts gradient checkpointing so the KV cache works, and keeps accelerate's autocast)."""
+        if self.config.rollout_dtype is not None:
+            # under the trainer's autocast too, so that a float32 copy computes as the trainer's forward does
+            device = self.accelerator.device.type
+            with torch.autocast(device, dtype=torch.bfloat16) if self.args.bf16 else contextlib.nullcontext():
+                yield self._rollout_copy()
+            return
+        with trl.models.unwrap_model_for_generation(
+            self.model_wrapped,
+            self.accelerator,
+            gather_deepspeed3_params=self.args.ds3_gather_for_generation,
+            gradient_checkpointing_kwargs=self.args.gradient_checkpointing_kwargs,
+        ) as model:
+            yield model
+
+    def _rollout_copy(self) -> Any:
+        """A plain model of the policy's architecture in rollout_dtype, built at the first call, holding the trainer's
+        weights (LoRA merged) as of this optimizer step: synced once per step, in place, so the decoding step that
+        transformers compiled and captured keeps reading the same buffers."""
+        policy = self.accelerator.unwrap_model(self.model)
+        if self._copy is None:
+            transformers = require("transformers", "train", "Training")
+            config = (policy.get_base_model() if hasattr(policy, "get_base_model") else policy).config
+            copy = transformers.AutoModelForCausalLM.from_config(config)
+            copy.generation_config = policy.generation_config
+            self._copy = copy.to(device=self.accelerator.device, dtype=getattr(torch, self.config.rollout_dtype))
+            self._copy.eval().requires_grad_(False)
+        if self._copy_step != self.state.global_step:
+            with torch.no_grad():
+                self._copy.load_state_dict(merged_weights(policy))
+            self._copy_step = self.state.global_step
+        return self._copy
 
     def _static_cache_len(self, width: int) -> int:
         """The static cache's length: at the first turn, room for every turn's answer and the feedback between
