@@ -55,10 +55,9 @@ class TrainConfig:
     # transformers sampling (no vLLM): a static KV cache, sized once for the run's longest trajectory, which
     # transformers compiles on a GPU with CUDA graphs: a small policy's decoding step is bound by kernel launches
     static_cache: bool = False
-    # transformers sampling from a copy of the policy in this dtype (e.g. bfloat16), its weights (LoRA merged) synced
-    # before each step's rollout, as a vLLM engine's are; None samples with the trainer's model itself. The copy is a
-    # plain model, which transformers compiles whole (under LoRA and autocast the trainer's model decoded at 2.3x
-    # the copy's time per token in the H100 measurement of docs/experiments.md)
+    # transformers sampling from a plain copy of the policy in this dtype, its weights (LoRA merged) synced before each
+    # step's rollout, as a vLLM engine's are; None samples with the trainer's model itself. transformers compiles the
+    # copy whole: on the H100 a LoRA policy decoded at 34.5 ms a step, a bfloat16 copy at 6.5 (docs/experiments.md)
     rollout_dtype: str | None = None
     # evaluation (KernelGym): how each answer is judged (EvalOptions) and by which engine (embedded, Ray, a service)
     evaluation: EvalOptions = field(default_factory=EvalOptions)

@@ -143,13 +143,12 @@ class DrKernelTrainer(trl.GRPOTrainer):
 
     @contextlib.contextmanager
     def _sampling_model(self) -> Iterator[Any]:
-        """What samples: the rollout copy (config.rollout_dtype), else the trainer's own model, unwrapped by TRL's
-        context (which also lifts gradient checkpointing so the KV cache works, and keeps accelerate's autocast)."""
+        """What samples: the rollout copy (config.rollout_dtype), which computes in its own dtype (under autocast, a
+        float32 copy's static cache fails: its keys are float32 after the rotary embedding, its values bfloat16),
+        else the trainer's own model, unwrapped by TRL's context (which also lifts gradient checkpointing so the KV
+        cache works)."""
         if self.config.rollout_dtype is not None:
-            # under the trainer's autocast too, so that a float32 copy computes as the trainer's forward does
-            device = self.accelerator.device.type
-            with torch.autocast(device, dtype=torch.bfloat16) if self.args.bf16 else contextlib.nullcontext():
-                yield self._rollout_copy()
+            yield self._rollout_copy()
             return
         with trl.models.unwrap_model_for_generation(
             self.model_wrapped,
