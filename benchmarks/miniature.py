@@ -83,7 +83,6 @@ class Profile:
     transfer_args: tuple[str, ...]
     transfer_samples: int
     eval_args: tuple[str, ...] = field(default=())
-    generation_args: tuple[str, ...] = field(default=())  # bench's, for every bench, STTS and transfer call
 
 
 PROFILES = {
@@ -96,7 +95,7 @@ PROFILES = {
         stts_turns=8, stts_context="topk:4", stts_samples=1,
         transfer_tasks="../shared/kernelbench/kernelbench_levels1-3.jsonl",  # a copy where the GPU machine has one
         transfer_args=("--level", "1", "--problems", "19-32,36,38-40,47-49,53,88"), transfer_samples=1,
-        eval_args=("--trials", "3", "--perf-trials", "10"), generation_args=("--static-cache",),
+        eval_args=("--trials", "3", "--perf-trials", "10"),
     ),
     "cpu": Profile(
         device="cpu", shape_scale=1 / 256, n_train=2, n_validation=1, n_test=2, needs_base=False, sft_tasks=8,
@@ -211,7 +210,7 @@ class Pipeline:
                      "--workers", "1", "--turns", str(turns), "--samples", str(samples),
                      "--context", context, "--max-tokens", str(self.p.max_tokens), "--temperature", "1.0",
                      "--top-p", "0.95", "--seed", "0", "--profiling-reward", *self.p.eval_args]
-        return Step(name, CLI, [*args, *self.p.generation_args])
+        return Step(name, CLI, args)
 
     def bench(self) -> list[Step]:
         return [self._bench(f"bench {name}", name, str(self.root / "test" / "tasks"), self.root / "bench" / name,
