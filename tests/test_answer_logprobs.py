@@ -1,0 +1,54 @@
+"""benchmarks/answer_logprobs.py on the CPU: a bench run of a tiny random model, scored under two policies."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from drkernel.cli.main import app
+from tests.test_agent_hf import tiny_model
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _module():
+    spec = importlib.util.spec_from_file_location("answer_logprobs", REPO / "benchmarks" / "answer_logprobs.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_answers_are_scored_per_kind_under_each_policy(tmp_path):
+    torch = pytest.importorskip("torch")
+    tiny_model(tmp_path / "a")
+    result = CliRunner().invoke(app, [
+        "bench", "--tasks", str(REPO / "examples" / "tasks"), "--name", "2_relu", "--model", f"hf:{tmp_path / 'a'}",
+        "--samples", "2", "--max-tokens", "6", "--seed", "3", "--device", "cpu", "--out", str(tmp_path / "run")])
+    assert result.exit_code == 0, result.output
+    tiny_model(tmp_path / "b")  # the same weights, then moved: another policy
+    from transformers import AutoModelForCausalLM
+
+    moved = AutoModelForCausalLM.from_pretrained(tmp_path / "b")
+    with torch.no_grad():
+        moved.lm_head.weight.mul_(3.0)
+    moved.save_pretrained(tmp_path / "b")
+    module = _module()
+    figures = module.main([str(tmp_path / "run"), "--policy", f"a={tmp_path / 'a'}", "--policy", f"same={tmp_path / 'a'}",
+                           "--policy", f"b={tmp_path / 'b'}", "--out", str(tmp_path / "lp.json")])
+    assert json.loads((tmp_path / "lp.json").read_text()) == figures
+    (kind, row), = figures["by_kind"].items()  # a random model writes no code: every answer fails
+    assert kind == "failed" and row["answers"] == 2 == len(figures["answers"])
+    assert row["change_a_to_same"] == 0 and row["raised_share_same"] == 0
+    assert row["mean_logprob_a"] < 0 and not math.isclose(row["change_a_to_b"], 0)
+    # the answers were sampled from a: each is scored as the mean of its tokens' log-probabilities there
+    assert row["mean_logprob_a"] == pytest.approx(sum(a["a"] for a in figures["answers"]) / 2)
+
+
+def test_a_policy_without_a_name_is_refused(tmp_path):
+    with pytest.raises(SystemExit):
+        _module().main([str(tmp_path), "--policy", "nameless"])
