@@ -52,7 +52,7 @@ class TrainConfig:
     vllm_mode: str = "colocate"  # or "server" (`trl vllm-serve` at vllm_server_base_url)
     vllm_server_base_url: str | None = None
     vllm_gpu_memory_utilization: float = 0.3
-    # transformers sampling (no vLLM): a static KV cache, sized once for the run's longest trajectory, which
+    # transformers sampling (no vLLM): a static KV cache, sized at a trajectory's first turn for all its turns, which
     # transformers compiles on a GPU with CUDA graphs: a small policy's decoding step is bound by kernel launches
     static_cache: bool = False
     # transformers sampling from a plain copy of the policy in this dtype, its weights (LoRA merged) synced before each

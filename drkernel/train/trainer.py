@@ -166,9 +166,9 @@ class DrKernelTrainer(trl.GRPOTrainer):
         if self._copy is None:
             transformers = require("transformers", "train", "Training")
             config = (policy.get_base_model() if hasattr(policy, "get_base_model") else policy).config
-            copy = transformers.AutoModelForCausalLM.from_config(config)
-            copy.generation_config = policy.generation_config
-            self._copy = copy.to(device=self.accelerator.device, dtype=getattr(torch, self.config.rollout_dtype))
+            plain = transformers.AutoModelForCausalLM.from_config(config)
+            plain.generation_config = policy.generation_config
+            self._copy = plain.to(device=self.accelerator.device, dtype=getattr(torch, self.config.rollout_dtype))
             self._copy.eval().requires_grad_(False)
         if self._copy_step != self.state.global_step:
             with torch.no_grad():
