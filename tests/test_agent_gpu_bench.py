@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
@@ -10,15 +9,14 @@ import pytest
 
 from drkernel.schema import EvalOptions
 from drkernel.tasks import load_task_dir, select_tasks
+from tests.scripts import load_script
 
 REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.mark.slow
 def test_agent_section_compares_bench_with_the_scheduler(tmp_path, monkeypatch):
-    spec = importlib.util.spec_from_file_location("gpu_bench", REPO / "benchmarks" / "gpu_bench.py")
-    gpu_bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(gpu_bench)
+    gpu_bench = load_script("benchmarks/gpu_bench.py")
     monkeypatch.setenv("DRKERNEL_TRITON_CACHE", str(tmp_path / "cache"))  # restored afterwards: the section sets fresh caches in os.environ
     tasks = select_tasks(load_task_dir(REPO / "examples" / "tasks"), names=["1_vector_add", "2_relu"])
     candidates = tmp_path / "candidates"

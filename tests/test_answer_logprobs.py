@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 from pathlib import Path
@@ -11,16 +10,14 @@ import pytest
 from typer.testing import CliRunner
 
 from drkernel.cli.main import app
+from tests.scripts import load_script
 from tests.test_agent_hf import tiny_model
 
 REPO = Path(__file__).resolve().parents[1]
 
 
 def _module():
-    spec = importlib.util.spec_from_file_location("answer_logprobs", REPO / "benchmarks" / "answer_logprobs.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("benchmarks/answer_logprobs.py")
 
 
 def test_answers_are_scored_per_kind_under_each_policy(tmp_path):

@@ -3,20 +3,15 @@ call that brings the last; a chunk missing (a fresh machine) is named, never sil
 
 from __future__ import annotations
 
-import importlib.util
 import os
-from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+from tests.scripts import load_script
 
 
 def _bundle():
-    spec = importlib.util.spec_from_file_location("bundle", REPO / "benchmarks" / "bundle.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("benchmarks/bundle.py")
 
 
 def test_chunks_travel_one_call_each_and_unpack_whole(tmp_path, capsys):

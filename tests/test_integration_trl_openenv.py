@@ -4,8 +4,6 @@ verdicts."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
@@ -18,6 +16,7 @@ pytest.importorskip("uvicorn")
 from drkernel.agent.replay import fenced  # noqa: E402
 from drkernel.integrations.openenv import EpisodeConfig, KernelObservation, create_server  # noqa: E402
 from drkernel.tasks import load_task_dir  # noqa: E402
+from tests.scripts import load_script  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 CANDIDATES = REPO / "examples" / "candidates"
@@ -27,11 +26,7 @@ CORRECT = fenced((CANDIDATES / "2_relu__triton.py").read_text())
 
 @pytest.fixture(scope="module")
 def example():
-    spec = importlib.util.spec_from_file_location("trl_openenv_grpo", REPO / "examples" / "trl_openenv_grpo.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
+    return load_script("examples/trl_openenv_grpo.py")
 
 
 @pytest.fixture(scope="module")

@@ -3,24 +3,19 @@ and the whole pipeline shrunk for the CPU (data, SFT, the three RL runs, bench, 
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
 from drkernel.train.sft import read_rows
+from tests.scripts import load_script
 
 REPO = Path(__file__).resolve().parent.parent
 
 
 def _miniature():
-    spec = importlib.util.spec_from_file_location("miniature", REPO / "benchmarks" / "miniature.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["miniature"] = module  # its dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
+    return load_script("benchmarks/miniature.py")
 
 
 def test_sft_rows_are_prompt_and_final_answer(tmp_path):

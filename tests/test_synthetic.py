@@ -223,12 +223,9 @@ def test_reference_solutions_get_the_verdicts_of_their_grades() -> None:
 @pytest.mark.slow
 def test_calibration_section_tables_verdicts_by_kind_and_variant(tmp_path: Path, monkeypatch) -> None:
     """benchmarks/gpu_bench.py's `synthetic` section (stage 0 of docs/experiments.md), on the CPU with one task."""
-    import importlib.util
+    from tests.scripts import load_script
 
-    spec = importlib.util.spec_from_file_location("gpu_bench", Path(__file__).resolve().parents[1] / "benchmarks"
-                                                  / "gpu_bench.py")
-    gpu_bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(gpu_bench)
+    gpu_bench = load_script("benchmarks/gpu_bench.py")
     monkeypatch.setenv("DRKERNEL_TRITON_CACHE", str(tmp_path / "cache"))  # the section sets a fresh one
     task = generate("test", 1, seed=0, shape_scale=TINY)
     options = EvalOptions(device="cpu", correctness_trials=1, measure_performance=False, timeout_s=120)
