@@ -46,6 +46,22 @@ def test_answers_are_scored_per_kind_under_each_policy(tmp_path):
     assert row["mean_logprob_a"] == pytest.approx(sum(a["a"] for a in figures["answers"]) / 2)
 
 
-def test_a_policy_without_a_name_is_refused(tmp_path):
+def test_the_family_s_reference_solutions_are_scored_by_variant(tmp_path):
+    tiny_model(tmp_path / "a")
+    figures = _module().main(["--synthetic", "test:2", "--policy", f"a={tmp_path / 'a'}"])
+    assert figures["synthetic"] == "test:2" and len(figures["answers"]) == 8
+    assert sorted(figures["by_kind"]) == ["fused", "lazy", "partial", "unfused"]
+    for row in figures["by_kind"].values():
+        assert row["answers"] == 2 and row["mean_answer_logprob_a"] < row["mean_logprob_a"] < 0  # many tokens each
+
+
+@pytest.mark.parametrize("args", [["nameless"], ["a=x", "--synthetic", "bogus:1"], ["a=x", "--synthetic", "test"]])
+def test_bad_arguments_are_refused(tmp_path, args):
+    policy, *rest = args
     with pytest.raises(SystemExit):
-        _module().main([str(tmp_path), "--policy", "nameless"])
+        _module().main([*([] if rest else [str(tmp_path)]), "--policy", policy, *rest])
+
+
+def test_a_run_and_the_family_at_once_are_refused(tmp_path):
+    with pytest.raises(SystemExit):
+        _module().main([str(tmp_path), "--synthetic", "test:1", "--policy", "a=x"])
