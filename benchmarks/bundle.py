@@ -59,20 +59,21 @@ def add(chunks: list[Path], store: Path, unpack: Path | None) -> int:
     """Keep the chunks (all of one bundle) in `store`; with `unpack`, extract the bundle there once every chunk is
     in."""
     store.mkdir(parents=True, exist_ok=True)
-    matches = [CHUNK.match(chunk.name) for chunk in chunks]
-    for chunk, match in zip(chunks, matches):
+    bundles = set()
+    for chunk in chunks:
+        match = CHUNK.match(chunk.name)
         if not match:
             raise SystemExit(f"{chunk}: not a chunk of `bundle.py pack` (bundle-ID-KofN)")
-    if len({(m["id"], m["n"]) for m in matches}) != 1:  # type: ignore[index]
+        bundles.add((match["id"], int(match["n"])))
+    if len(bundles) != 1:
         raise SystemExit("the chunks given belong to different bundles: give the chunks of one")
     for chunk in chunks:
         shutil.copyfile(chunk, store / chunk.name)
-    bundle = matches[0]
-    count = int(bundle["n"])  # type: ignore[index]
+    (bundle_id, count), = bundles
     have = {int(m["k"]) for p in store.iterdir()
-            if (m := CHUNK.match(p.name)) and (m["id"], m["n"]) == (bundle["id"], bundle["n"])}  # type: ignore[index]
+            if (m := CHUNK.match(p.name)) and (m["id"], int(m["n"])) == (bundle_id, count)}
     missing = sorted(set(range(1, count + 1)) - have)
-    print(f"bundle {bundle['id']}: {count - len(missing)} of {count} chunks here", flush=True)
+    print(f"bundle {bundle_id}: {count - len(missing)} of {count} chunks here", flush=True)
     if unpack is None:
         return 0
     if missing:
@@ -83,11 +84,11 @@ def add(chunks: list[Path], store: Path, unpack: Path | None) -> int:
     digest = hashlib.sha256()
     with tempfile.TemporaryFile(dir=store) as whole:
         for k in range(1, count + 1):
-            data = (store / f"bundle-{bundle['id']}-{k}of{count}").read_bytes()
+            data = (store / f"bundle-{bundle_id}-{k}of{count}").read_bytes()
             digest.update(data)
             whole.write(data)
-        if digest.hexdigest()[:16] != bundle["id"]:
-            raise SystemExit(f"bundle {bundle['id']}: the chunks do not make up the bundle (sha256 "
+        if digest.hexdigest()[:16] != bundle_id:
+            raise SystemExit(f"bundle {bundle_id}: the chunks do not make up the bundle (sha256 "
                              f"{digest.hexdigest()[:16]}); pack it again")
         whole.seek(0)
         unpack.mkdir(parents=True, exist_ok=True)

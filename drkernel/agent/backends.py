@@ -326,8 +326,7 @@ class HFChatModel:
         if self.gate is not None:
             sync = torch.cuda.synchronize if self.device.startswith("cuda") else (lambda: None)
             processors.insert(0, _MakeWay(self.gate, sync))
-        length = inputs["input_ids"].shape[1] + params.max_tokens
-        cache = static_cache_settings(length) if self.static_cache else {}
+        cache = static_cache_settings(inputs["input_ids"].shape[1] + params.max_tokens) if self.static_cache else {}
         with torch.no_grad(), self.gate.shared() if self.gate is not None else contextlib.nullcontext():
             output = self.model.generate(
                 inputs["input_ids"], attention_mask=inputs["attention_mask"], max_new_tokens=params.max_tokens,
