@@ -164,7 +164,6 @@ class DrKernelTrainer(trl.GRPOTrainer):
         transformers compiled and captured keeps reading the same buffers."""
         policy = self.accelerator.unwrap_model(self.model)
         if self._copy is None:
-            transformers = require("transformers", "train", "Training")
             config = (policy.get_base_model() if hasattr(policy, "get_base_model") else policy).config
             plain = transformers.AutoModelForCausalLM.from_config(config)
             plain.generation_config = policy.generation_config
