@@ -29,7 +29,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from drkernel.agent.local_models import load_causal_lm, load_tokenizer  # noqa: E402
+from drkernel.agent.local_models import load_causal_lm, load_tokenizer, locate  # noqa: E402
 from drkernel.agent.prompts import first_turn_prompt  # noqa: E402
 from drkernel.agent.records import read_trajectories  # noqa: E402
 from drkernel.agent.replay import fenced  # noqa: E402
@@ -124,9 +124,13 @@ def main(argv: list[str] | None = None) -> dict:
         name, found, path = spec.partition("=")
         if not found or not name or not path:
             parser.error(f"--policy takes NAME=PATH, not {spec!r}")
+        try:
+            locate(path)
+        except ValueError as exc:
+            parser.error(f"--policy {name}: {exc}")
         policies[name] = path
     if (args.run_dir is None) == (args.synthetic is None):
-        parser.error("give a bench run folder or --synthetic SPLIT:N, not both")
+        parser.error("give a bench run folder or --synthetic SPLIT:N (one of the two)")
     if args.synthetic:
         split, found, count = args.synthetic.partition(":")
         if not found or not count.isdigit() or int(count) < 1:
@@ -136,7 +140,11 @@ def main(argv: list[str] | None = None) -> dict:
         except SyntheticError as exc:
             parser.error(str(exc))
     else:
+        if not args.run_dir.is_dir():
+            parser.error(f"{args.run_dir}: no such bench run folder")
         answers, source = bench_answers(args.run_dir, args.turn), {"run": str(args.run_dir), "turn": args.turn}
+        if not answers:
+            parser.error(f"{args.run_dir} holds no answer at turn {args.turn}")
     answers = answers[: args.limit] if args.limit else answers
     figures = {**source, **score(answers, policies, args.device)}
     print(json.dumps(figures["by_kind"], indent=1))

@@ -65,3 +65,14 @@ def test_bad_arguments_are_refused(tmp_path, args):
 def test_a_run_and_the_family_at_once_are_refused(tmp_path):
     with pytest.raises(SystemExit):
         _module().main([str(tmp_path), "--synthetic", "test:1", "--policy", "a=x"])
+
+
+def test_a_missing_policy_or_run_or_an_empty_run_is_a_clear_error(tmp_path, capsys):
+    tiny_model(tmp_path / "a")
+    cases = [([str(tmp_path), "--policy", f"a={tmp_path / 'nope'}"], "--policy a: "),
+             ([str(tmp_path / "nope"), "--policy", f"a={tmp_path / 'a'}"], "no such bench run folder"),
+             ([str(tmp_path), "--policy", f"a={tmp_path / 'a'}"], "holds no answer at turn 1")]
+    for argv, message in cases:
+        with pytest.raises(SystemExit):
+            _module().main(argv)
+        assert message in capsys.readouterr().err
