@@ -3,14 +3,20 @@ and an evaluation waiting for the GPU is not timed out for it."""
 
 from __future__ import annotations
 
+import fcntl
 import threading
 import time
+from contextlib import contextmanager
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
+import torch
 
 from drkernel.runner.sandbox import DeviceQueue, Sandbox
+from drkernel.sandbox import guards
 from drkernel.sandbox.gate import DeviceGate
+from drkernel.sandbox.judge import Judge
 from drkernel.schema import Status
 
 from tests.test_scheduler import example
@@ -134,6 +140,36 @@ def test_large_holders_check_beside_ordinary_ones_never_beside_each_other(tmp_pa
     second.join(5)
     writer.join(5)
     assert sorted(events[1:]) == ["big2", "timing"] and not WAITING["big2"] and not WAITING["t"]
+
+
+@pytest.mark.parametrize("large", [True, False])
+def test_a_large_evaluation_holds_the_gpu_once_for_all_its_trials(tmp_path: Path, large: bool,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """A large evaluation keeps its hold (and so both processes their memory) from its first correctness trial to
+    its last, with no other large evaluation's trial in between; an ordinary one holds the gate trial by trial."""
+    request, _ = example("2_relu", "2_relu__triton", check_hacks=False, correctness_trials=4)
+    link = SimpleNamespace(findings=guards.Findings())
+    judge = Judge(request, tmp_path, torch.device("cpu"), _gate(tmp_path, "j"), link)  # type: ignore[arg-type]
+    judge.large = large
+    holds: list[str] = []
+    gated = judge._gated
+
+    @contextmanager
+    def counted(hold):  # type: ignore[no-untyped-def]
+        holds.append("hold")
+        with gated(hold):
+            yield
+
+    def trial(*args: object) -> None:
+        if large:  # another large evaluation is shut out during every trial
+            with pytest.raises(BlockingIOError):
+                fcntl.flock(_gate(tmp_path, "other")._large, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        holds.append("trial")
+
+    monkeypatch.setattr(judge, "_gated", counted)
+    monkeypatch.setattr(judge, "_correctness_trial", trial)
+    judge.check_correctness(None)  # type: ignore[arg-type]
+    assert holds == (["hold"] + ["trial"] * 4 if large else ["hold", "trial"] * 4)
 
 
 @pytest.mark.slow

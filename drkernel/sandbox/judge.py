@@ -410,11 +410,17 @@ class Judge:
         precision_trial = self._rng.randrange(trials)
         ref_samples: list[torch.Tensor] = []
         started = time.perf_counter()
-        for trial in range(trials):
-            with self.sharing_gpu():
-                self._correctness_trial(reference, trial, trial == precision_trial, report, ref_samples)
-            if trial == 0:
-                report.first_trial_s = time.perf_counter() - started
+        # A large evaluation holds the GPU once for all its trials: both processes keep their memory from trial to
+        # trial instead of giving back and allocating again several GB each, and no other large evaluation's trials
+        # come in between. Ordinary ones hold it trial by trial, letting others' timing in between.
+        whole, per_trial = (self.sharing_gpu, contextlib.nullcontext) if self.large else \
+            (contextlib.nullcontext, self.sharing_gpu)
+        with whole():
+            for trial in range(trials):
+                with per_trial():
+                    self._correctness_trial(reference, trial, trial == precision_trial, report, ref_samples)
+                if trial == 0:
+                    report.first_trial_s = time.perf_counter() - started
         self._check_modes(report.launches_by_mode)
         if len(ref_samples) == 2:
             why = correctness.degeneracy(*ref_samples)
