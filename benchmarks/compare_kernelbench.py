@@ -13,7 +13,7 @@ from collections import Counter
 from pathlib import Path
 
 PHASES = ("correctness", "timing", "timing_candidate", "timing_null", "timing_reference", "timing_refill", "profile",
-          "ablation", "handover")
+          "ablation", "handover", "gate_wait", "gate_alone", "gate_large")
 
 
 def summary(baseline: dict, run: dict) -> dict:
@@ -25,6 +25,7 @@ def summary(baseline: dict, run: dict) -> dict:
     return {
         "per_minute_running": run["per_minute_running"],
         "rate_vs_baseline": run["per_minute_running"] / baseline["per_minute_running"],
+        "gate_serial_share": run.get("gate_serial_share"),  # absent in runs of the code before the judge
         "statuses": dict(Counter(row["status"] for row in run["problems"].values())),
         "not_correct": {name: (row["status"], row["hack_reasons"], (row.get("error") or "")[:300])
                         for name, row in run["problems"].items() if row["status"] != "correct"},

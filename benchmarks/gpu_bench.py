@@ -142,6 +142,9 @@ def run_batch(pairs: list[tuple[str, EvalRequest]], tag: str, overlap: int | Non
     ran = [r for r in rows.values() if not r["cached"]]
     overheads = [r["overhead_s"] for r in ran if r["status"] == "correct"]
     phases = sorted({k for r in ran for k in (r["phases_s"] or {})})
+    # What the GPU's gate runs one at a time (timing and profile alone, large evaluations' checks one by one): no
+    # overlap shortens it, so its share of the running time says whether the gate or the rest bounds the rate.
+    serial = sum(r["phases_s"].get("gate_alone", 0.0) + r["phases_s"].get("gate_large", 0.0) for r in ran)
     return {"wall_s": wall, "evaluations": len(pairs), "per_minute": 60 * len(pairs) / wall,
             "start_up_s": submitted - start, "ready": ready, "running_s": running,
             "per_minute_running": 60 * len(pairs) / running,
@@ -150,6 +153,7 @@ def run_batch(pairs: list[tuple[str, EvalRequest]], tag: str, overlap: int | Non
             "phase_median_s": {k: statistics.median(r["phases_s"].get(k, 0.0) for r in ran) for k in phases},
             "phase_total_s": {k: sum(r["phases_s"].get(k, 0.0) for r in ran) for k in phases},
             "duration_total_s": sum(r["duration_s"] or 0 for r in ran),
+            "gate_serial_s": serial, "gate_serial_share": serial / running if running else None,
             "ran": len(ran), "cached": len(rows) - len(ran),
             "problems": rows}
 

@@ -142,6 +142,26 @@ def test_large_holders_check_beside_ordinary_ones_never_beside_each_other(tmp_pa
     assert sorted(events[1:]) == ["big2", "timing"] and not WAITING["big2"] and not WAITING["t"]
 
 
+def test_the_gate_counts_its_waits_and_what_it_held_alone_or_as_the_large_one(tmp_path: Path) -> None:
+    """A run's rate is bounded by what the gate runs one at a time: each gate counts the seconds its holder waited,
+    held the GPU alone (timing, profile) and held it as the one large evaluation; ordinary shared holds overlap
+    others' and are not counted."""
+    reader, timer, big = (_gate(tmp_path, n) for n in ("r", "t", "big"))
+    with reader.shared():
+        writer = _try(timer.exclusive, [], "timing")
+        time.sleep(0.3)
+    writer.join(5)
+    assert 0.25 <= timer.spent["wait"] < 2 and reader.spent == {"wait": pytest.approx(0, abs=0.05), "alone": 0.0,
+                                                                 "large": 0.0}
+    waited = timer.spent["wait"]
+    with timer.exclusive():
+        time.sleep(0.2)
+    assert 0.2 <= timer.spent["alone"] < 2 and timer.spent["wait"] == pytest.approx(waited, abs=0.05)
+    with big.large():
+        time.sleep(0.2)
+    assert 0.2 <= big.spent["large"] < 2 and big.spent["alone"] == 0.0
+
+
 @pytest.mark.parametrize("large", [True, False])
 def test_a_large_evaluation_holds_the_gpu_once_for_all_its_trials(tmp_path: Path, large: bool,
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
@@ -189,5 +209,8 @@ def test_evaluation_waits_at_the_gate_without_timing_out(tmp_path: Path) -> None
         result = done.result(60)
         assert result.status == expected == Status.CORRECT.value
         assert result.phases_s["correctness"] > 0 and result.phases_s["gpu_wait"] > 2
+        # the gate's own account: every wait (the one before timing among them), timing and profile held alone
+        assert result.phases_s["gate_wait"] >= result.phases_s["gpu_wait"] - 0.01
+        assert 0 < result.phases_s["gate_alone"] < result.duration_s and result.phases_s["gate_large"] == 0
     finally:
         sandbox.close()

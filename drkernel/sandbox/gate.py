@@ -15,6 +15,9 @@ timing can run meanwhile, and takes it again before the kernel launches (`resume
 An evaluation whose trials need a large part of the GPU's memory (`large`) shares the GPU with others' ordinary
 checks, but with no other large one (a third file, held exclusively), and keeps its hold while it compiles: its
 memory then never meets another large evaluation's, nor a timing's (out-of-memory failures measured on an H100).
+
+Each gate keeps account (`spent`) of the seconds its holder waited for the GPU and held it alone or as the large
+one: the phases others must wait for, from which a run's rate is bounded.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import time
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable, Iterator
@@ -38,6 +42,8 @@ class DeviceGate:
         self._on_wait = on_wait  # told True when a wait for the lock begins, False when it ends
         self._yielding: int | None = None  # the mode of a hold that is let go while Triton compiles
         self._compiling = False
+        # Seconds blocked at the gate, holding it exclusively, holding the large lock (shared holds overlap others').
+        self.spent = {"wait": 0.0, "alone": 0.0, "large": 0.0}
 
     @classmethod
     def for_workdir(cls, workdir: Path, on_wait: Callable[[bool], None]) -> DeviceGate | None:
@@ -57,16 +63,14 @@ class DeviceGate:
     def large(self) -> Iterator[None]:
         """Checks of an evaluation large in memory: beside others' ordinary checks, one large at a time, the hold
         kept while compiling."""
-        if self._on_wait is not None:
-            self._on_wait(True)
-        try:
-            fcntl.flock(self._large, fcntl.LOCK_EX)
-        finally:
-            if self._on_wait is not None:
-                self._on_wait(False)
+        self._waiting(lambda: fcntl.flock(self._large, fcntl.LOCK_EX))
         try:
             with self._hold(fcntl.LOCK_SH, yield_to_compile=False):
-                yield
+                held = time.perf_counter()  # from the GPU taken (not the wait for others' timing) to its release
+                try:
+                    yield
+                finally:
+                    self.spent["large"] += time.perf_counter() - held
         finally:
             fcntl.flock(self._large, fcntl.LOCK_UN)
 
@@ -74,11 +78,14 @@ class DeviceGate:
     def _hold(self, mode: int, yield_to_compile: bool) -> Iterator[None]:
         self._acquire(mode)
         self._yielding = mode if yield_to_compile else None
+        held = time.perf_counter()
         try:
             yield
         finally:
             self._yielding, self._compiling = None, False
             fcntl.flock(self._lock, fcntl.LOCK_UN)
+            if mode == fcntl.LOCK_EX:
+                self.spent["alone"] += time.perf_counter() - held
 
     def make_way(self, sync: Callable[[], None]) -> None:
         """Within a long shared hold (a policy generating beside evaluations), between two of its steps: wait for the
@@ -102,14 +109,23 @@ class DeviceGate:
             self._acquire(self._yielding)
 
     def _acquire(self, mode: int) -> None:
-        if self._on_wait is not None:
-            self._on_wait(True)
-        try:
+        def through_turnstile() -> None:
             fcntl.flock(self._turnstile, fcntl.LOCK_EX)
             try:
                 fcntl.flock(self._lock, mode)
             finally:
                 fcntl.flock(self._turnstile, fcntl.LOCK_UN)
+
+        self._waiting(through_turnstile)
+
+    def _waiting(self, take: Callable[[], None]) -> None:
+        """Block in `take` as a wait: the supervisor is told (it is not the evaluation's time) and it is counted."""
+        if self._on_wait is not None:
+            self._on_wait(True)
+        started = time.perf_counter()
+        try:
+            take()
         finally:
+            self.spent["wait"] += time.perf_counter() - started
             if self._on_wait is not None:
                 self._on_wait(False)

@@ -781,6 +781,8 @@ def evaluate(request: EvalRequest, workdir: Path, device: torch.device, gate: De
     finally:
         link.stop(wait=failure is not None)
         result.phases_s.update({name: round(seconds, 4) for name, seconds in link.costs.items()})
+        if gate is not None:  # what the GPU's gate cost others and this evaluation: a run's rate is bounded by it
+            result.phases_s.update({f"gate_{name}": round(seconds, 4) for name, seconds in gate.spent.items()})
     return verdict.decide(result, judge.report.correctness if judge.report else None, failure, judge.findings,
                           judge.notes, opts)
 
