@@ -359,3 +359,64 @@ def test_a_harness_copy_that_finds_no_gpu_memory_is_the_harness_failure(tmp_path
     failure = refused.value.failure
     assert (failure["status"], failure["kind"]) == ("crashed", "SandboxError") and "6.00 GiB" in failure["message"]
     assert infrastructure_failure(EvalResult.failure(Status.CRASHED, failure["kind"], failure["message"]))
+
+
+class _FakeSubjectLink:
+    """The judge's side of a timing phase's hand-over, against buffers handed over as plain objects (as a mapping
+    of the subject's CUDA memory would be): what the judge writes, the subject holds."""
+
+    device = torch.device("cuda")
+
+    def __init__(self, shared: list) -> None:
+        self.shared, self.asked, self.decoded = shared, [], []
+
+    def ask(self, op, values=None, **fields):
+        self.asked.append(op)
+        return ({"inputs": self.shared} if op == "stage" else {}), []
+
+    def ask_timed(self, values, **fields):
+        self.asked.append("null" if fields.get("null") else "time")
+        return {"outputs": "encoded", "event_ms": 1.0}, [], 2.0
+
+    def values(self, reply, payloads, key):
+        self.decoded.append(key)
+        return reply[key]
+
+
+def test_timed_inputs_are_written_into_the_subject_s_buffers_and_null_calls_hand_nothing_over() -> None:
+    from drkernel.sandbox.judge import Failure, TimedCalls
+
+    template = [torch.zeros(2, 3), 4]
+    subject_buffers = [torch.zeros(2, 3), 4]
+    link = _FakeSubjectLink(subject_buffers)
+    with TimedCalls(link, template) as calls:  # type: ignore[arg-type]
+        calls.load([torch.full((2, 3), 7.0), 4])
+        assert torch.equal(subject_buffers[0], torch.full((2, 3), 7.0))  # one copy, straight into the subject's
+        assert calls.timed(0.1, null=True) == ({"outputs": "encoded", "event_ms": 1.0}, 2.0, None)
+        assert link.decoded == ["inputs"]  # a null call's reply is not decoded: nothing was handed over
+        assert calls.timed(0.1)[2] == "encoded" and link.decoded == ["inputs", "outputs"]
+    assert link.asked == ["stage", "null", "time", "release"]
+    for unlike in ([torch.zeros(3, 2), 4], [torch.zeros(2, 3, dtype=torch.float64), 4], [torch.zeros(2, 3)], "x"):
+        with pytest.raises(Failure) as failed:
+            TimedCalls(_FakeSubjectLink(unlike), template).__enter__()  # type: ignore[arg-type]
+        assert (failed.value.status, failed.value.kind) == (Status.CRASHED, "BadReply")
+
+
+def test_the_subject_hands_its_staged_buffers_to_the_candidate_as_new_views_each_call(tmp_path) -> None:
+    """Whatever the candidate does to its input tensors (rebinds their storage), the next call's inputs are the
+    buffers the judge writes."""
+    from drkernel.sandbox.channel import Encoder
+    from drkernel.sandbox.subject import Subject
+
+    subject = Subject(None, tmp_path, torch.device("cpu"), gate_hooks=False)
+    encoder = Encoder()
+    header = {"inputs": encoder.encode([torch.arange(6.0).reshape(2, 3).t(), 5])}
+    subject.stage(header, [bytearray(p) for p in encoder.payloads])
+    buffers = subject.buffers
+    assert buffers[1] == 5 and buffers[0].is_contiguous() and torch.equal(buffers[0], torch.arange(6.0).reshape(2, 3).t())
+    first = subject._timed_inputs({"staged": True}, [])
+    assert first[0] is not buffers[0] and first[0].data_ptr() == buffers[0].data_ptr()
+    first[0].set_(torch.zeros(1))  # the candidate rebinds its input
+    buffers[0].fill_(9.0)  # the judge writes the next call's values
+    second = subject._timed_inputs({"staged": True}, [])
+    assert torch.equal(second[0], torch.full((3, 2), 9.0)) and second[1] == 5

@@ -210,25 +210,27 @@ class SubjectLink:
 class TimedCalls:
     """The timed calls' hand-over to the subject, for one timing phase (a context manager).
 
-    On a GPU the inputs and outputs cross through buffers shared once for the phase (mapping another process's CUDA
-    memory costs about a millisecond per tensor and direction, twice a timed call and its null call, more beside other
-    evaluations' mappings). The judge writes every call's fresh values into its staging buffers, which the subject
-    copies into its own before the call, and never reads them back: the subject can write what it maps. The subject
-    copies the outputs into buffers of its own that the judge mapped once (outputs over `subject.STAGED_BYTES`, or not
-    all on the GPU, are sent call by call). Both sides synchronise their device before the other reads: nothing rests on CUDA's inter-process
-    events. On the CPU every call's tensors travel as bytes."""
+    On a GPU the inputs and outputs cross through buffers of the subject's, shared once for the phase (mapping another
+    process's CUDA memory costs about a millisecond per tensor and direction, more beside other evaluations'
+    mappings). The judge writes every call's fresh values into the subject's input buffers (one copy a call, no
+    staging copy on either side) and never reads them back; the subject copies the outputs into its output buffers
+    (outputs over `subject.STAGED_BYTES`, or not all on the GPU, are sent call by call). Both sides synchronise their
+    device before the other reads: nothing rests on CUDA's inter-process events. On the CPU every call's tensors
+    travel as bytes."""
 
     def __init__(self, link: SubjectLink, template: list[Any]) -> None:
-        self.link = link
+        self.link, self.template = link, template
         self.staged = link.device.type == "cuda"
-        self.inputs: list[Any] = []  # staged: the judge's staging buffers; else the next call's values
+        self.inputs: list[Any] = []  # staged: the subject's input buffers, as mapped here; else the next call's values
         self.outputs: Any = None  # staged: the subject's output buffers, as mapped here
-        if self.staged:
-            self.inputs = [v.clone() if isinstance(v, torch.Tensor) else v for v in template]
 
     def __enter__(self) -> TimedCalls:
         if self.staged:
-            self.link.ask("stage", {"inputs": self.inputs})  # (ask waits for the device before it sends values)
+            reply, payloads = self.link.ask("stage", {"inputs": self.template})  # (ask waits for the device first)
+            self.inputs = self.link.values(reply, payloads, "inputs")
+            if not _like(self.inputs, self.template):
+                raise Failure(Status.CRASHED, "BadReply",
+                              "the candidate's process shared input buffers unlike the values they stand for")
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -243,9 +245,9 @@ class TimedCalls:
         if not self.staged:
             self.inputs = list(fresh)
             return
-        for staging, value in zip(self.inputs, fresh):
-            if isinstance(staging, torch.Tensor):
-                staging.copy_(value)
+        for buffer, value in zip(self.inputs, fresh):
+            if isinstance(buffer, torch.Tensor):
+                buffer.copy_(value)
 
     def warm(self) -> dict[str, Any]:
         values, fields = self._request()
@@ -253,17 +255,18 @@ class TimedCalls:
 
     def timed(self, spin_ms: float, null: bool = False) -> tuple[dict[str, Any], float, Any]:
         """(the subject's reply, the judge's wall-clock milliseconds for the call, its outputs: None for a null call)
-        for one timed call, or the null call that calibrates the judge's wall clock (the same steps and hand-over,
-        around no call)."""
+        for one timed call, or the null call that calibrates the judge's wall clock (the same steps up to the call's
+        end signal, around no call; nothing is handed over after it)."""
         values, fields = self._request()
         reply, payloads, wall = self.link.ask_timed(values, spin_ms=spin_ms, null=null, **fields)
+        if null:
+            return reply, wall, None
         if self.staged and reply.get("outputs_staged") is True and self.outputs is not None:
-            outputs = self.outputs  # the subject wrote this call's outputs into them
-        else:
-            outputs = self.link.values(reply, payloads, "outputs")  # mapped even for a null call: the same cost
-            if reply.get("staging") is True:  # the subject's output buffers, shared anew
-                self.outputs = outputs
-        return reply, wall, None if null else outputs
+            return reply, wall, self.outputs  # the subject wrote this call's outputs into them
+        outputs = self.link.values(reply, payloads, "outputs")
+        if reply.get("staging") is True:  # the subject's output buffers, shared anew
+            self.outputs = outputs
+        return reply, wall, outputs
 
     def _request(self) -> tuple[dict[str, Any], dict[str, Any]]:
         return ({}, {"staged": True}) if self.staged else ({"inputs": self.inputs}, {})
@@ -542,8 +545,8 @@ class Judge:
             spent[name] += time.perf_counter() - start
 
         def refill() -> None:
-            """New values for both sides: the reference calls on them here, the subject gets a copy (it can write
-            what it maps, and the reference must not see its writes)."""
+            """New values for both sides: the reference calls on them here, a copy goes into the subject's buffers
+            (the candidate may write its inputs; the reference must not see that)."""
             with part("refill"):
                 args.clear()  # the last values go before the new ones are made: at most one set alive
                 args.extend(reference.inputs(self.secret_seed()))
@@ -850,6 +853,13 @@ def _timed(result: EvalResult, phase: str, step: Callable[[], Any]) -> Any:
 
 def _sync_for(device: torch.device) -> Callable[[], None]:
     return torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+
+
+def _like(mapped: Any, values: list[Any]) -> bool:
+    """Whether buffers a subject shared stand for these values: a tensor of the same shape and dtype for each one."""
+    return isinstance(mapped, list) and len(mapped) == len(values) and all(
+        isinstance(m, torch.Tensor) and m.shape == v.shape and m.dtype == v.dtype
+        for m, v in zip(mapped, values) if isinstance(v, torch.Tensor))
 
 
 def _positive(value: Any) -> float:

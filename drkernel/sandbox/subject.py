@@ -58,13 +58,12 @@ class Subject:
         self.findings = guards.Findings()
         self.recorder = launches.LaunchRecorder()
         self.sent = Encoder()  # what the judge may still be reading
-        self.buffers: list[Any] | None = None  # the timed calls' inputs: refilled in place before every call
+        # The timed calls' inputs, this process's own memory, refilled before every call: on a GPU by the judge, which
+        # maps them once per timing phase (`stage`); else from the values each call brings.
+        self.buffers: list[Any] | None = None
         self.timer: timing.CallTimer | None = None
-        self.last_out: Any = None  # the last timed call's outputs, whose shapes the null calls hand over
-        # On a GPU, for one timing phase: the judge's staging buffers (mapped once; every timed call's inputs are
-        # copied from them) and this process's output buffers (mapped once by the judge; every timed call's outputs
-        # are copied into them), drkernel.sandbox.judge.TimedCalls
-        self.staging: list[Any] | None = None
+        # On a GPU, for one timing phase: this process's output buffers, mapped once by the judge; every timed call's
+        # outputs are copied into them (drkernel.sandbox.judge.TimedCalls).
         self.out_staging: Any = None
         self.gate_hooks = gate_hooks
         self.mapping_s = 0.0  # this request's time spent mapping the judge's inputs
@@ -177,21 +176,22 @@ class Subject:
         return {"outputs": self.sent.encode(out), "own": own}  # own kernel name -> launches
 
     def stage(self, header: dict[str, Any], payloads: list[bytearray]) -> dict[str, Any]:
-        """The judge's staging buffers for a timing phase, kept mapped until `release`."""
-        self.staging = self._mapped(header, payloads)
-        return {}
+        """A timing phase's input buffers, made like the judge's values (contiguous) and shared with it: the judge
+        writes every call's fresh values into them, one copy per call and none here. Kept until `release`."""
+        self.buffers = self._own_copy(self._mapped(header, payloads))
+        return {"inputs": self.sent.encode(self.buffers)}
 
     def _timed_inputs(self, header: dict[str, Any], payloads: list[bytearray]) -> list[Any]:
-        """The inputs of a warm-up or timed call: this process's own buffers, the same tensors every call, refilled
-        from the staging buffers or the values sent. The reference, too, reads its own process's memory; a candidate
-        called on the judge's mapped staging buffers measured 7-53% slower in 7 of 30 evaluations of a matmul on an
-        H100 (against 3.085 ms in the others; cause not established)."""
+        """The inputs of a warm-up or timed call: this process's own buffers, refilled by the judge (staged: handed to
+        the candidate as new views of them each call, so that no tensor it rebinds or resizes keeps it from the
+        values written) or from the values sent. The reference, too, reads its own process's memory; a candidate
+        called on the judge's mapped buffers measured 7-53% slower in 7 of 30 evaluations of a matmul on an H100
+        (against 3.085 ms in the others; cause not established)."""
         if header.get("staged"):
-            if self.staging is None:
-                raise channel.BadMessage("a staged call before the staging buffers")
-            values = self.staging
-        else:
-            values = self._mapped(header, payloads)
+            if self.buffers is None:
+                raise channel.BadMessage("a staged call before the timing phase's buffers were staged")
+            return [v.view_as(v) if isinstance(v, torch.Tensor) else v for v in self.buffers]
+        values = self._mapped(header, payloads)
         if self.buffers is None:
             self.buffers = self._own_copy(values)
         else:
@@ -235,17 +235,11 @@ class Subject:
         args = self._timed_inputs(header, payloads)
         self.timer.cover_ms = float(header["spin_ms"])
         null = bool(header.get("null"))
-        if not null:
-            self.last_out = None  # freed before the call makes new outputs
         self._set_training(False)
         self.recorder.take()
         with torch.no_grad(), self._candidate_running():  # the judge's clock stops once the device is idle
             out, event_ms, host_ms = self.timer.timed(_nothing if null else self.model, args,
                                                       on_idle=lambda: self.conn.send({"timed": True}))
-        if null:  # the last call's outputs, handed over again the same way: the judge's calibration
-            out = self.last_out
-        else:
-            self.last_out = out
         own = [launch for launch in self.recorder.take() if launch.own]
         streams = {launch.stream for launch in own} - {self.timer.stream}
         if streams and self.device.type == "cuda":
@@ -254,7 +248,8 @@ class Subject:
         if self.timer.l2_tampered:
             self.findings.add(guards.L2_PERSISTENCE, "the candidate changed the GPU's persisting-L2 settings (a "
                               "carve-out or an access-policy window): timed calls must meet a flushed cache.")
-        return {"event_ms": event_ms, "host_ms": host_ms, "own": len(own), **self._handed_over(header, out)}
+        handed = {} if null else self._handed_over(header, out)  # the judge's clock stopped at the signal above
+        return {"event_ms": event_ms, "host_ms": host_ms, "own": len(own), **handed}
 
     def profile(self, header: dict[str, Any], payloads: list[bytearray]) -> dict[str, Any]:
         """The GPU time of calls on fresh inputs (a warm-up, then one profiled call per input set), split into own
@@ -308,7 +303,7 @@ class Subject:
 
     def release(self, header: dict[str, Any], payloads: list[bytearray]) -> dict[str, Any]:
         """The judge lets the GPU go to other evaluations: give back the memory this process holds for the phase."""
-        self.buffers = self.timer = self.last_out = self.staging = self.out_staging = None
+        self.buffers = self.timer = self.out_staging = None
         if self.device.type == "cuda":
             torch.cuda.synchronize()
             torch.cuda.ipc_collect()
