@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 
@@ -389,16 +390,22 @@ def test_timed_inputs_are_written_into_the_subject_s_buffers_and_null_calls_hand
     template = [torch.zeros(2, 3), 4]
     subject_buffers = [torch.zeros(2, 3), 4]
     link = _FakeSubjectLink(subject_buffers)
-    with TimedCalls(link, template) as calls:  # type: ignore[arg-type]
+    parts: list[str] = []
+
+    def part(name: str) -> contextlib.AbstractContextManager[None]:
+        parts.append(name)
+        return contextlib.nullcontext()
+
+    with TimedCalls(link, template, part) as calls:  # type: ignore[arg-type]
         calls.load([torch.full((2, 3), 7.0), 4])
         assert torch.equal(subject_buffers[0], torch.full((2, 3), 7.0))  # one copy, straight into the subject's
         assert calls.timed(0.1, null=True) == ({"outputs": "encoded", "event_ms": 1.0}, 2.0, None)
         assert link.decoded == ["inputs"]  # a null call's reply is not decoded: nothing was handed over
         assert calls.timed(0.1)[2] == "encoded" and link.decoded == ["inputs", "outputs"]
-    assert link.asked == ["stage", "null", "time", "release"]
+    assert link.asked == ["stage", "null", "time", "release"] and parts == ["stage", "release"]
     for unlike in ([torch.zeros(3, 2), 4], [torch.zeros(2, 3, dtype=torch.float64), 4], [torch.zeros(2, 3)], "x"):
         with pytest.raises(Failure) as failed:
-            TimedCalls(_FakeSubjectLink(unlike), template).__enter__()  # type: ignore[arg-type]
+            TimedCalls(_FakeSubjectLink(unlike), template, part).__enter__()  # type: ignore[arg-type]
         assert (failed.value.status, failed.value.kind) == (Status.CRASHED, "BadReply")
 
 

@@ -51,9 +51,10 @@ STDERR_TAIL = 3000
 PROFILED_CALLS = 3  # profiled forwards, each on inputs of its own
 PROFILE_SHARE_OF_MEMORY = 0.5  # the profile holds the GPU alone, but other evaluations' processes keep their memory
 STOP_WAIT_S = 2.0  # how long the judge waits to learn how the subject ended
-# The timing phase's parts in `phases_s` (as timing_<part>): filling the inputs, the warm-up calls, the reference's
-# timed calls, the candidate's (requests included), the null calls, comparing outputs, the checks on the timing.
-TIMING_PARTS = ("refill", "warmup", "reference", "candidate", "null", "verify", "checks")
+# The timing phase's parts in `phases_s` (as timing_<part>): the timer and the buffers shared for the phase, filling
+# the inputs, the warm-up calls, the reference's timed calls, the candidate's (requests included), the null calls,
+# comparing outputs, the checks on the timing, both sides letting the phase's buffers go.
+TIMING_PARTS = ("stage", "refill", "warmup", "reference", "candidate", "null", "verify", "checks", "release")
 
 
 class Failure(Exception):
@@ -218,16 +219,19 @@ class TimedCalls:
     device before the other reads: nothing rests on CUDA's inter-process events. On the CPU every call's tensors
     travel as bytes."""
 
-    def __init__(self, link: SubjectLink, template: list[Any]) -> None:
+    def __init__(self, link: SubjectLink, template: list[Any],
+                 part: Callable[[str], contextlib.AbstractContextManager[None]]) -> None:
         self.link, self.template = link, template
+        self.part = part  # counts the time of the phase's parts by name: here "stage" and "release"
         self.staged = link.device.type == "cuda"
         self.inputs: list[Any] = []  # staged: the subject's input buffers, as mapped here; else the next call's values
         self.outputs: Any = None  # staged: the subject's output buffers, as mapped here
 
     def __enter__(self) -> TimedCalls:
         if self.staged:
-            reply, payloads = self.link.ask("stage", {"inputs": self.template})  # (ask waits for the device first)
-            self.inputs = self.link.values(reply, payloads, "inputs")
+            with self.part("stage"):
+                reply, payloads = self.link.ask("stage", {"inputs": self.template})  # (ask waits for the device)
+                self.inputs = self.link.values(reply, payloads, "inputs")
             if not _like(self.inputs, self.template):
                 raise Failure(Status.CRASHED, "BadReply",
                               "the candidate's process shared input buffers unlike the values they stand for")
@@ -238,7 +242,8 @@ class TimedCalls:
         memory); a subject already gone holds nothing."""
         staged, self.inputs, self.outputs = self.staged, [], None
         if staged and exc[0] is None:
-            self.link.ask("release")
+            with self.part("release"):
+                self.link.ask("release")
 
     def load(self, fresh: list[Any]) -> None:
         """The next call's input values (the caller synchronises the device before the call)."""
@@ -553,9 +558,10 @@ class Judge:
                 calls.load(args)
                 _sync_for(self.device)()
 
-        timer = timing.CallTimer(self.device)
+        with part("stage"):
+            timer = timing.CallTimer(self.device)
         host_ms: dict[str, list[float]] = {"reference": [], "candidate": []}
-        calls = TimedCalls(self.link, args)
+        calls = TimedCalls(self.link, args, part)
         with torch.no_grad(), calls:
             for _ in range(max(1, opts.warmup_trials)):  # at least one: its host time sets the spin
                 refill()
