@@ -423,7 +423,12 @@ def test_the_subject_hands_its_staged_buffers_to_the_candidate_as_new_views_each
     assert buffers[1] == 5 and buffers[0].is_contiguous() and torch.equal(buffers[0], torch.arange(6.0).reshape(2, 3).t())
     first = subject._timed_inputs({"staged": True}, [])
     assert first[0] is not buffers[0] and first[0].data_ptr() == buffers[0].data_ptr()
+    version = first[0]._version
     first[0].set_(torch.zeros(1))  # the candidate rebinds its input
     buffers[0].fill_(9.0)  # the judge writes the next call's values
     second = subject._timed_inputs({"staged": True}, [])
     assert torch.equal(second[0], torch.full((3, 2), 9.0)) and second[1] == 5
+    # The judge's writes (another process's, on a GPU) bump the version that a cache keyed on it reads.
+    after_second = second[0]._version
+    third = subject._timed_inputs({"staged": True}, [])
+    assert version < after_second < third[0]._version
