@@ -161,6 +161,38 @@ def test_cpu_call_timer_times_wall_clock() -> None:
     assert torch.equal(out, torch.full((3,), 2.0)) and elapsed_ms == host_ms >= 0
 
 
+def test_no_garbage_collection_runs_inside_a_timed_or_warm_up_call() -> None:
+    """A collector pass (about 120 ms with torch and Triton loaded) must not fall inside a call being timed; the
+    collector's state is restored as found, whichever it was."""
+    import gc
+
+    timer = timing.CallTimer(torch.device("cpu"))
+    seen: list[bool] = []
+    for enabled in (True, False):
+        (gc.enable if enabled else gc.disable)()
+        try:
+            timer.timed(lambda: seen.append(gc.isenabled()), [])
+            timer.untimed(lambda: seen.append(gc.isenabled()), [])
+            assert gc.isenabled() is enabled
+        finally:
+            gc.enable()
+    assert seen == [False] * 4
+
+
+def test_the_fork_server_leaves_its_start_up_out_of_the_collectors_passes() -> None:
+    """Everything made at start-up is frozen, so a full collection in an evaluation scans only what it made since."""
+    import gc
+
+    from drkernel.sandbox import zygote
+
+    made = len(gc.get_objects())  # every object the collector would scan in a full pass (torch's included)
+    try:
+        zygote._freeze_start_up()
+        assert made > 10_000 and gc.get_freeze_count() >= made and len(gc.get_objects()) < 100
+    finally:
+        gc.unfreeze()
+
+
 def test_cuda_call_timer_spins_then_flushes_right_before_the_timed_call() -> None:
     """The order of what a timed call enqueues on the device (GPU calls stood in for by recorders): no persisting L2
     lines, the spin that hides the host, then the flush, so the call meets the same cache whatever the spin's

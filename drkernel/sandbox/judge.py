@@ -562,7 +562,8 @@ class Judge:
             timer = timing.CallTimer(self.device)
         host_ms: dict[str, list[float]] = {"reference": [], "candidate": []}
         calls = TimedCalls(self.link, args, part)
-        with torch.no_grad(), calls:
+        # No collection in this process while it times (its wall clock of the candidate's calls included).
+        with timing.collector_paused(), torch.no_grad(), calls:
             for _ in range(max(1, opts.warmup_trials)):  # at least one: its host time sets the spin
                 refill()
                 with part("warmup"):
