@@ -441,6 +441,24 @@ def test_timed_inputs_are_written_into_the_subject_s_buffers_and_null_calls_hand
         assert (failed.value.status, failed.value.kind) == (Status.CRASHED, "BadReply")
 
 
+def test_a_failed_mapping_of_the_judge_s_values_is_the_harness_s_failure(tmp_path, monkeypatch) -> None:
+    """cudaErrorMapBufferObjectFailed in the candidate's process, mapping the judge's inputs before any candidate code
+    runs, reached a legitimate candidate as runtime_error on an H100: it is `crashed`/`SandboxError` (run again)."""
+    from drkernel.sandbox import channel
+    from drkernel.sandbox.subject import Refusal, Subject
+
+    def failing(*args: object) -> None:
+        raise torch.AcceleratorError("CUDA error: mapping of buffer object failed")
+
+    monkeypatch.setattr(channel, "decode", failing)
+    subject = Subject(None, tmp_path, torch.device("cpu"), gate_hooks=False)
+    with pytest.raises(Refusal) as refused:
+        subject._inputs({"inputs": []}, [])
+    failure = refused.value.failure
+    assert (failure["status"], failure["kind"]) == (Status.CRASHED.value, "SandboxError")
+    assert "mapping of buffer object failed" in failure["message"]
+
+
 def test_the_subject_hands_its_staged_buffers_to_the_candidate_as_new_views_each_call(tmp_path) -> None:
     """Whatever the candidate does to its input tensors (rebinds their storage), the next call's inputs are the
     buffers the judge writes."""

@@ -116,10 +116,16 @@ class Subject:
                           f"the candidate's process found no GPU memory for the harness's copy of its values: {exc}")
 
     def _mapped(self, header: dict[str, Any], payloads: list[bytearray]) -> Any:
-        """The judge's inputs as it sent them (on a GPU, its memory mapped here); the time it takes is the hand-over's."""
+        """The judge's inputs as it sent them (on a GPU, its memory mapped here); the time it takes is the hand-over's.
+        A mapping that fails is the harness's failure, as the judge's own CUDA errors are:
+        `cudaErrorMapBufferObjectFailed` reached a legitimate candidate as `runtime_error` in 1 of 20 evaluations of
+        a matmul beside others on an H100."""
         start = time.perf_counter()
         try:
             return channel.decode(header["inputs"], payloads, self.device)
+        except (torch.AcceleratorError, torch.OutOfMemoryError) as exc:
+            raise Refusal(Status.CRASHED, "SandboxError",
+                          f"the candidate's process could not map the judge's values ({type(exc).__name__}: {exc})")
         finally:
             self.mapping_s += time.perf_counter() - start
 
