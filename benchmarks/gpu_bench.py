@@ -82,8 +82,21 @@ def summary(result: EvalResult) -> dict:
         "error": f"{result.error.kind}: {result.error.message}"[:1200] if result.error else None,
         "traceback": result.error.traceback[-2000:] if result.error and result.error.traceback else None,
         "phases_s": result.phases_s,
+        "memory_gib": result.memory_gib,
         "cached": result.cached,
     }
+
+
+def footprint_max_gib(rows: list[dict]) -> dict[str, float]:
+    """Each phase's footprint (the most its two processes' allocators held, summed), at its largest over the rows:
+    whether two large evaluations' phases could share the GPU."""
+    footprint: dict[str, float] = {}
+    for row in rows:
+        memory = row.get("memory_gib") or {}
+        for phase in {key.rsplit("_", 1)[0] for key in memory}:
+            both = memory.get(f"{phase}_judge", 0.0) + memory.get(f"{phase}_subject", 0.0)
+            footprint[phase] = max(footprint.get(phase, 0.0), round(both, 3))
+    return footprint
 
 
 def section_env(args: argparse.Namespace) -> dict:
@@ -154,6 +167,7 @@ def run_batch(pairs: list[tuple[str, EvalRequest]], tag: str, overlap: int | Non
             "phase_total_s": {k: sum(r["phases_s"].get(k, 0.0) for r in ran) for k in phases},
             "duration_total_s": sum(r["duration_s"] or 0 for r in ran),
             "gate_serial_s": serial, "gate_serial_share": serial / running if running else None,
+            "footprint_max_gib": footprint_max_gib(ran),
             "ran": len(ran), "cached": len(rows) - len(ran),
             "problems": rows}
 

@@ -179,6 +179,9 @@ class EvalResult:
     notes: list[str] = field(default_factory=list)  # e.g. degenerate task, warnings
     duration_s: float | None = None  # wall time of the evaluation, from its start signal to its result
     phases_s: dict[str, float] = field(default_factory=dict)  # where the time went: load, build, correctness, ...
+    # On a GPU: the most memory each process's allocator held in each phase that holds the GPU's gate, GiB
+    # ("correctness_judge", "correctness_subject", ...): what another evaluation's phase could not have had.
+    memory_gib: dict[str, float] = field(default_factory=dict)
     cached: bool = False  # an identical request's verdict, shared (drkernel.scheduling.cache): this one did not run
 
     def __post_init__(self) -> None:

@@ -363,7 +363,9 @@ def test_status_is_the_enum_and_a_result_s_json_is_unchanged() -> None:
               '"message": "m", "traceback": ""}, "profile": null, "environment": null, "notes": ["n"], "duration_s": '
               'null, "phases_s": {"load": 0.5}, "cached": false}')  # EvalResult.to_json() at fd62dd6
     result = EvalResult.from_json(before)
-    assert result.status is Status.HACKED and result.to_json() == before
+    # Read unchanged; written with the fields added since (empty here), and nothing else changed.
+    assert result.status is Status.HACKED and result.to_json() == before.replace(
+        ', "cached"', ', "memory_gib": {}, "cached"')
     assert type(result.to_dict()["status"]) is str  # plain JSON values, for any serialiser
     assert str(result.status) == f"{result.status}" == "hacked"  # printed as its value, not Status.HACKED
     assert EvalResult(status="timeout").status is Status.TIMEOUT  # given as a string (the judge's JSON)
@@ -457,6 +459,34 @@ def test_a_failed_mapping_of_the_judge_s_values_is_the_harness_s_failure(tmp_pat
     failure = refused.value.failure
     assert (failure["status"], failure["kind"]) == (Status.CRASHED.value, "SandboxError")
     assert "mapping of buffer object failed" in failure["message"]
+
+
+def test_the_judge_keeps_each_gated_phase_s_most_memory_in_both_processes(tmp_path, monkeypatch) -> None:
+    """Per phase, over all its holds, the most each process's allocator held (the subject's from its replies, whose
+    claims are checked for type and range): what shows whether two evaluations' phases fit beside each other."""
+    import time
+    from types import SimpleNamespace
+
+    from drkernel.sandbox.guards import Findings
+    from drkernel.sandbox.judge import Judge, SubjectLink
+
+    link = SubjectLink(None, 0, tmp_path, torch.device("cpu"), Findings(), None)  # type: ignore[arg-type]
+    for claim in (7 * 2**30, "9", -1, 1 << 60, True, 3.5 * 2**30, 2 * 2**30):
+        link._account(time.perf_counter(), {"busy_s": 0.0, "peak_bytes": claim})
+    assert link.peak_bytes == 7 * 2**30  # the largest well-formed claim
+
+    judge_peaks = iter([3 * 2**30, 5 * 2**30, 1 * 2**30])
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda device=None: None)
+    monkeypatch.setattr(torch.cuda, "max_memory_reserved", lambda device=None: next(judge_peaks))
+    judge = Judge(None, tmp_path, torch.device("cuda"), None, SimpleNamespace(findings=Findings(), peak_bytes=1))
+    for subject_peak in (2 * 2**30, 2**30):  # two holds of one phase (ordinary evaluations hold trial by trial)
+        with judge._memory_of("correctness"):
+            assert judge.link.peak_bytes == 0  # counted from the hold's start
+            judge.link.peak_bytes = subject_peak
+    with judge._memory_of("timing"):
+        judge.link.peak_bytes = 4 * 2**30
+    assert judge.memory_gib == {"correctness_judge": 5.0, "correctness_subject": 2.0,
+                                "timing_judge": 1.0, "timing_subject": 4.0}
 
 
 def test_the_subject_hands_its_staged_buffers_to_the_candidate_as_new_views_each_call(tmp_path) -> None:

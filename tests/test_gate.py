@@ -178,9 +178,9 @@ def test_a_large_evaluation_holds_the_gpu_once_for_all_its_trials(tmp_path: Path
     gated = judge._gated
 
     @contextmanager
-    def counted(hold):  # type: ignore[no-untyped-def]
-        holds.append("hold")
-        with gated(hold):
+    def counted(phase, hold):  # type: ignore[no-untyped-def]
+        holds.append(f"hold {phase}")
+        with gated(phase, hold):
             yield
 
     def trial(*args: object) -> None:
@@ -192,7 +192,7 @@ def test_a_large_evaluation_holds_the_gpu_once_for_all_its_trials(tmp_path: Path
     monkeypatch.setattr(judge, "_gated", counted)
     monkeypatch.setattr(judge, "_correctness_trial", trial)
     judge.check_correctness(None)  # type: ignore[arg-type]
-    assert holds == (["hold"] + ["trial"] * 4 if large else ["hold", "trial"] * 4)
+    assert holds == (["hold correctness"] + ["trial"] * 4 if large else ["hold correctness", "trial"] * 4)
 
 
 @pytest.mark.slow

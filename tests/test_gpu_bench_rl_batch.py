@@ -34,6 +34,13 @@ def test_the_batch_has_a_training_steps_shape(gpu_bench) -> None:
         gpu_bench.rl_shaped(tasks, OPTIONS, samples=8, identical=0)
 
 
+def test_a_phase_s_footprint_is_both_processes_most_at_its_largest_over_the_run(gpu_bench) -> None:
+    rows = [{"memory_gib": {"correctness_judge": 12.5, "correctness_subject": 19.25, "timing_judge": 13.0}},
+            {"memory_gib": {"correctness_judge": 20.0, "correctness_subject": 1.0, "ablation_subject": 30.0}},
+            {"memory_gib": {}}, {"memory_gib": None}]
+    assert gpu_bench.footprint_max_gib(rows) == {"correctness": 31.75, "timing": 13.0, "ablation": 30.0}
+
+
 @pytest.mark.slow
 def test_rl_batch_section_runs_tiny_on_the_cpu(gpu_bench) -> None:
     tasks = generate("test", 2, seed=0, shape_scale=1 / 256)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import math
 import os
 import platform
@@ -79,6 +80,7 @@ class SubjectLink:
         # What the two processes cost beyond the work itself, in seconds: requests' round trips less the subject's
         # time in its handlers (the socket, encoding, mapping inputs), collecting shared blocks, mapping outputs.
         self.costs = {"handover": 0.0, "ipc_collect": 0.0, "map_outputs": 0.0}
+        self.peak_bytes = 0  # the most the subject's allocator held in a request since this was last set to 0
 
     def ask(self, op: str, values: dict[str, Any] | None = None, **fields: Any) -> tuple[dict[str, Any], list]:
         self._collect()
@@ -92,7 +94,7 @@ class SubjectLink:
             reply, payloads = self._reply()
         except (ChannelClosed, channel.BadMessage) as exc:
             raise self._died(exc) from None
-        self._count_handover(start, reply)
+        self._account(start, reply)
         self._take_findings(reply)
         del encoder  # the subject has copied the inputs
         return reply, payloads
@@ -129,14 +131,19 @@ class SubjectLink:
                 raise channel.BadMessage("a timed call's reply came without its end signal")
         except (ChannelClosed, channel.BadMessage) as exc:
             raise self._died(exc) from None
-        self._count_handover(start, reply)
+        self._account(start, reply)
         self._take_findings(reply)
         return reply, payloads, wall
 
-    def _count_handover(self, start: float, reply: dict[str, Any]) -> None:
+    def _account(self, start: float, reply: dict[str, Any]) -> None:
+        """What a reply says of the subject's costs: its time in the handler (the rest of the round trip is the
+        hand-over's) and the most memory it held (a diagnostic; a subject that lies about it only hides itself)."""
         busy = reply.get("busy_s")
         busy = float(busy) if isinstance(busy, (int, float)) and math.isfinite(busy) else 0.0
         self.costs["handover"] += max(0.0, time.perf_counter() - start - busy)
+        peak = reply.get("peak_bytes")
+        if type(peak) is int and 0 <= peak < 1 << 50:
+            self.peak_bytes = max(self.peak_bytes, peak)
 
     def _collect(self) -> None:
         """Free what the judge shared earlier and the subject has let go of (CUDA frees shared blocks only here)."""
@@ -366,6 +373,7 @@ class Judge:
         self.notes: list[str] = []
         self.large = False  # its trials take a large part of the GPU's memory: never beside another large one
         self.report: CorrectnessReport | None = None  # kept when a trial fails: the result says how far it got
+        self.memory_gib: dict[str, float] = {}  # "PHASE_judge", "PHASE_subject": see `_memory_of`
         self._rng = random.Random(secrets.randbits(64))  # trial seeds and checked calls: nobody else learns them
 
     @property
@@ -421,8 +429,8 @@ class Judge:
         # A large evaluation holds the GPU once for all its trials: both processes keep their memory from trial to
         # trial instead of giving back and allocating again several GB each, and no other large evaluation's trials
         # come in between. Ordinary ones hold it trial by trial, letting others' timing in between.
-        whole, per_trial = (self.sharing_gpu, contextlib.nullcontext) if self.large else \
-            (contextlib.nullcontext, self.sharing_gpu)
+        checks = functools.partial(self.sharing_gpu, "correctness")
+        whole, per_trial = (checks, contextlib.nullcontext) if self.large else (contextlib.nullcontext, checks)
         with whole():
             for trial in range(trials):
                 with per_trial():
@@ -729,29 +737,47 @@ class Judge:
 
     # -- the GPU's gate --------------------------------------------------------------------------------------
 
-    def sharing_gpu(self) -> contextlib.AbstractContextManager[None]:
+    def sharing_gpu(self, phase: str) -> contextlib.AbstractContextManager[None]:
         """Work that may run beside other evaluations' correctness checks, never beside their timing."""
-        return self._gated(lambda gate: gate.large() if self.large else gate.shared())
+        return self._gated(phase, lambda gate: gate.large() if self.large else gate.shared())
 
-    def owning_gpu(self) -> contextlib.AbstractContextManager[None]:
+    def owning_gpu(self, phase: str) -> contextlib.AbstractContextManager[None]:
         """Timing and profiling: no other evaluation's kernels run meanwhile."""
-        return self._gated(lambda gate: gate.exclusive())
+        return self._gated(phase, lambda gate: gate.exclusive())
 
     @contextmanager
-    def _gated(self, hold: Callable[[DeviceGate], Any]) -> Iterator[None]:
+    def _gated(self, phase: str, hold: Callable[[DeviceGate], Any]) -> Iterator[None]:
         """Hold the GPU's gate (nothing to hold when the evaluation has its device to itself); on the way out, both
         processes give back the memory they cached before others go on."""
-        if self.gate is None:
+        with self._memory_of(phase):
+            if self.gate is None:
+                yield
+                return
+            with hold(self.gate):
+                try:
+                    yield
+                finally:
+                    if self.device.type == "cuda":
+                        with contextlib.suppress(Failure):  # a subject already gone holds nothing
+                            self.link.ask("release")
+                        torch.cuda.empty_cache()
+
+    @contextmanager
+    def _memory_of(self, phase: str) -> Iterator[None]:
+        """The most GPU memory each process's allocator held in the phase (over all its holds): whether two
+        evaluations' phases fit beside each other is read from these."""
+        if self.device.type != "cuda":
             yield
             return
-        with hold(self.gate):
-            try:
-                yield
-            finally:
-                if self.device.type == "cuda":
-                    with contextlib.suppress(Failure):  # a subject already gone holds nothing
-                        self.link.ask("release")
-                    torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(self.device)
+        self.link.peak_bytes = 0
+        try:
+            yield
+        finally:
+            for side, peak in (("judge", torch.cuda.max_memory_reserved(self.device)),
+                               ("subject", self.link.peak_bytes)):
+                key = f"{phase}_{side}"
+                self.memory_gib[key] = max(self.memory_gib.get(key, 0.0), round(peak / 2**30, 3))
 
 
 def evaluate(request: EvalRequest, workdir: Path, device: torch.device, gate: DeviceGate | None,
@@ -762,16 +788,16 @@ def evaluate(request: EvalRequest, workdir: Path, device: torch.device, gate: De
     result = EvalResult(environment=environment(device))
     failure: Failure | None = None
     try:
-        with judge.sharing_gpu():
+        with judge.sharing_gpu("reference"):
             reference = _timed(result, "reference", judge.load_reference)
         judge.check_memory_share(reference)
-        with judge.sharing_gpu():
+        with judge.sharing_gpu("load"):
             _timed(result, "load", lambda: judge.load_candidate(reference))
         report = _timed(result, "correctness", lambda: judge.check_correctness(reference))
         result.phases_s["correctness_first_trial"] = round(report.first_trial_s, 4)  # Triton compiles here
         if opts.measure_performance or opts.profile:
             waited = time.perf_counter()
-            with judge.owning_gpu():
+            with judge.owning_gpu("timing"):  # and the profile
                 result.phases_s["gpu_wait"] = round(time.perf_counter() - waited, 4)  # others' timing, checks
                 if opts.measure_performance:
                     measured = _timed(result, "timing", lambda: judge.measure(reference, report))
@@ -781,7 +807,7 @@ def evaluate(request: EvalRequest, workdir: Path, device: torch.device, gate: De
                 if opts.profile:
                     result.profile = _timed(result, "profile", lambda: judge.profile(reference, report))
         if opts.check_hacks:
-            with judge.sharing_gpu():
+            with judge.sharing_gpu("ablation"):
                 _timed(result, "ablation", lambda: judge.ablate(reference))
         link.ask("finish")
     except Failure as caught:
@@ -793,6 +819,7 @@ def evaluate(request: EvalRequest, workdir: Path, device: torch.device, gate: De
         result.phases_s.update({name: round(seconds, 4) for name, seconds in link.costs.items()})
         if gate is not None:  # what the GPU's gate cost others and this evaluation: a run's rate is bounded by it
             result.phases_s.update({f"gate_{name}": round(seconds, 4) for name, seconds in gate.spent.items()})
+        result.memory_gib = dict(judge.memory_gib)
     return verdict.decide(result, judge.report.correctness if judge.report else None, failure, judge.findings,
                           judge.notes, opts)
 

@@ -90,6 +90,9 @@ class Subject:
                 reply = {"failure": self._classify(exc).failure}
             self._sync()  # what the judge reads next is written, and what it wrote is read: no event is relied on
             reply["findings"] = dict(self.findings.details)
+            if self.device.type == "cuda":  # the most this process's allocator held during the request
+                reply["peak_bytes"] = torch.cuda.max_memory_reserved(self.device)
+                torch.cuda.reset_peak_memory_stats(self.device)
             reply["busy_s"] = time.perf_counter() - started - self.mapping_s  # the rest is the hand-over's cost
             self.conn.send(reply, self.sent.payloads)
             if op == "finish":
