@@ -12,8 +12,8 @@ import sys
 from collections import Counter
 from pathlib import Path
 
-PHASES = ("correctness", "timing", "timing_stage", "timing_warmup", "timing_refill", "timing_reference", "timing_candidate",
-          "timing_null", "timing_verify", "timing_checks", "timing_release", "profile",
+PHASES = ("correctness", "timing", "timing_stage", "timing_warmup", "timing_refill", "timing_reference",
+          "timing_candidate", "timing_null", "timing_verify", "timing_checks", "timing_release", "profile",
           "ablation", "handover", "gate_wait", "gate_alone", "gate_large")
 
 
