@@ -10,6 +10,8 @@ Stages, in order (`all` runs them all):
             and then builds a tiny policy from scratch in the sft stage
   mix       the SFT mix (drkernel.train.synthetic_sft; its two-turn rows are judged by KernelGym)
   sft       the cold-start SFT (drkernel.train.sft) from ROOT/base, a LoRA adapter -> ROOT/sft/final
+  probe     the SFT policy's first answers on the first train tasks, the RL runs' prompts (`drkernel bench`, one
+            turn): whether it still samples the kinds the recipe rewards before RL spends a lease -> ROOT/probe/sft
   rl        (b) GRPO, (c) TRLOO, (d) TRLOO + PR + PRS, same budget each (`drkernel train`, LoRA adapters over the
             SFT policy) -> ROOT/rl/NAME
   bench     the SFT policy (a) and the three RL policies on the test split (`drkernel bench`) -> ROOT/bench/NAME
@@ -46,7 +48,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))  # drkernel from this checkout, also where it is not installed (the GPU machine)
-STAGES = ("splits", "base", "mix", "sft", "rl", "bench", "stts", "transfer", "report")
+STAGES = ("splits", "base", "mix", "sft", "probe", "rl", "bench", "stts", "transfer", "report")
 CLI = "drkernel.cli.main"
 # (name, settings that differ): the ablations of stage 2, same budget each
 RL_RUNS = (
@@ -71,7 +73,10 @@ class Profile:
     needs_base: bool  # the GPU reproduction starts from a pretrained policy; the CPU one may build a tiny one
     sft_tasks: int
     sft_multi_turn_tasks: int
+    sft_single_turn: str | None  # the single-turn rows' shares (synthetic_sft's --single-turn); None: its default
     sft_args: tuple[str, ...]  # the policy-shape arguments apply only without a base
+    probe_tasks: int  # train tasks 1..N
+    probe_samples: int
     rl_config: str
     bench_turns: int
     bench_samples: int
@@ -89,9 +94,12 @@ PROFILES = {
     "gpu": Profile(
         device="cuda", shape_scale=1.0, n_train=400, n_validation=8, n_test=32, needs_base=True,
         sft_tasks=3000, sft_multi_turn_tasks=96,
+        # lease 2's SFT policy (0.4/0.3/0.2/0.1) never sampled a correct fused or unfused answer: docs/experiments.md
+        sft_single_turn="partial=0.3,lazy=0.25,unfused=0.2,fused=0.25",
         sft_args=("--epochs", "1", "--bf16", "--per-device-train-batch-size", "8", "--max-length", "4096",
                   "--learning-rate", "2e-4", "--lora-rank", "16", "--logging-steps", "10"),
-        rl_config="examples/mini/rl_gpu.yaml", bench_turns=3, bench_samples=4, max_tokens=1600,
+        probe_tasks=32, probe_samples=1, rl_config="examples/mini/rl_gpu.yaml", bench_turns=3, bench_samples=4,
+        max_tokens=1600,
         stts_turns=8, stts_context="topk:4", stts_samples=1,
         transfer_tasks="../shared/kernelbench/kernelbench_levels1-3.jsonl",  # a copy where the GPU machine has one
         transfer_args=("--level", "1", "--problems", "19-32,36,38-40,47-49,53,88"), transfer_samples=1,
@@ -99,11 +107,12 @@ PROFILES = {
     ),
     "cpu": Profile(
         device="cpu", shape_scale=1 / 256, n_train=2, n_validation=1, n_test=2, needs_base=False, sft_tasks=8,
-        sft_multi_turn_tasks=1,
+        sft_multi_turn_tasks=1, sft_single_turn=None,
         sft_args=("--vocab-size", "512", "--hidden-size", "32", "--intermediate-size", "64", "--num-layers", "2",
                   "--num-heads", "4", "--num-kv-heads", "2", "--max-steps", "2", "--use-cpu",
                   "--per-device-train-batch-size", "4", "--logging-steps", "1", "--lora-rank", "4"),
-        rl_config="examples/mini/rl_cpu.yaml", bench_turns=2, bench_samples=1, max_tokens=24,
+        probe_tasks=1, probe_samples=1, rl_config="examples/mini/rl_cpu.yaml", bench_turns=2, bench_samples=1,
+        max_tokens=24,
         stts_turns=3, stts_context="topk:4", stts_samples=1,
         transfer_tasks=str(REPO / "examples" / "tasks"), transfer_args=("--problems", "2"), transfer_samples=1,
         eval_args=("--trials", "1", "--no-perf"),
@@ -164,7 +173,8 @@ class Pipeline:
             steps.append(Step("sft mix", "drkernel.train.synthetic_sft", [
                 "--out", str(self.root / "sft_data"), "--n-tasks", str(p.sft_tasks),
                 "--multi-turn-tasks", str(p.sft_multi_turn_tasks), "--seed", "0",
-                "--shape-scale", repr(p.shape_scale), "--device", p.device]))
+                "--shape-scale", repr(p.shape_scale), "--device", p.device,
+                *(["--single-turn", p.sft_single_turn] if p.sft_single_turn else [])]))
         return steps
 
     def sft(self) -> list[Step]:
@@ -212,6 +222,12 @@ class Pipeline:
                      "--top-p", "0.95", "--seed", "0", "--profiling-reward", *self.p.eval_args]
         return Step(name, CLI, args)
 
+    def probe(self) -> list[Step]:
+        if "sft" not in self.policies:
+            return []
+        return [self._bench("probe sft", "sft", str(self.root / "train" / "tasks"), self.root / "probe" / "sft", 1,
+                            "full", self.p.probe_samples, ("--problems", f"1-{self.p.probe_tasks}"))]
+
     def bench(self) -> list[Step]:
         return [self._bench(f"bench {name}", name, str(self.root / "test" / "tasks"), self.root / "bench" / name,
                             self.p.bench_turns, "full", self.p.bench_samples) for name in self.policies]
@@ -228,7 +244,7 @@ class Pipeline:
 
     def report(self) -> list[Step]:
         steps = []
-        for stage in ("rl", "bench", "stts", "transfer"):
+        for stage in ("probe", "rl", "bench", "stts", "transfer"):
             runs = sorted(str(path) for path in (self.root / stage).glob("*") if path.is_dir())
             if runs or self.dry_run:
                 paper = [] if stage == "transfer" else ["--no-paper"]  # the paper's numbers are KernelBench's
@@ -246,7 +262,7 @@ class Pipeline:
             print(f"[{stage}] {step.shown()}", flush=True)
         if self.dry_run or not steps:
             return
-        if self.gpus >= 1 and stage in ("rl", "bench", "transfer"):
+        if self.gpus >= 1 and stage in ("probe", "rl", "bench", "transfer"):
             self._run_parallel(steps)
         else:
             for step in steps:

@@ -54,6 +54,11 @@ def test_gpu_commands_differ_only_in_the_ablation(tmp_path, capsys):
     lines = capsys.readouterr().out.splitlines()
     assert [line.split(" --out ")[1].split()[0] for line in lines if line.startswith(("[bench]", "[transfer]"))] == [
         f"{tmp_path}/bench/sft", f"{tmp_path}/transfer/sft"]
+    assert miniature.main(["mix", "probe", "--root", str(tmp_path), "--dry-run"]) == 0
+    mix, probe = capsys.readouterr().out.splitlines()
+    assert "--single-turn partial=0.3,lazy=0.25,unfused=0.2,fused=0.25" in mix
+    assert f"--tasks {tmp_path}/train/tasks --problems 1-32 --model hf:{tmp_path}/sft/final" in probe
+    assert "--turns 1 --samples 1" in probe and f"--out {tmp_path}/probe/sft" in probe
     assert miniature.main(["rl", "bench", "stts", "--root", str(tmp_path), "--dry-run", "--policies", "trloo"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert [line.split()[0] for line in lines] == ["[rl]", "[bench]", "[stts]"]  # stts: sft and recipe only
@@ -158,7 +163,9 @@ def test_tiny_pipeline_on_the_cpu(tmp_path, capsys):
             records = [json.loads(line) for line in (root / stage / name / "trajectories.jsonl").read_text().splitlines()]
             tasks = {"2_relu"} if stage == "transfer" else {path.stem for path in (root / "test" / "tasks").glob("*.py")}
             assert sorted((r["task"], r["turn"]) for r in records) == sorted((t, k + 1) for t in tasks for k in range(turns))
-    for stage in ("rl", "bench", "stts", "transfer"):
+    probe = [json.loads(line) for line in (root / "probe" / "sft" / "trajectories.jsonl").read_text().splitlines()]
+    assert [(r["task"], r["turn"]) for r in probe] == [(next((root / "train" / "tasks").glob("1_*.py")).stem, 1)]
+    for stage in ("probe", "rl", "bench", "stts", "transfer"):
         assert (root / "report" / stage / "report.html").stat().st_size > 0
 
     # a second call finds everything done; a run without its final model resumes from its checkpoint
@@ -176,6 +183,7 @@ def test_rl_configs_load_and_keep_small_updates():
     gpu = load_config(REPO / "examples" / "mini" / "rl_gpu.yaml", ["model=m", "validation_tasks=v", "bf16=false"])
     assert (gpu.model_dtype, gpu.turns, gpu.max_new_tokens, gpu.save_steps, gpu.lora_rank) == ("float32", 3, 1600, 1, 8)
     assert gpu.grpo_config().generation_batch_size == 16  # 2 prompts x 8 samples, whole groups for TRL
+    assert (gpu.rollout_dtype, gpu.mrs_on, gpu.max_steps) == ("bfloat16", False, 14)
     cpu = load_config(REPO / "examples" / "mini" / "rl_cpu.yaml", ["model=m", "validation_tasks=v"])
     assert cpu.grpo_config().generation_batch_size == 2
     with pytest.raises(ConfigError, match="model_dtype must be auto, float32 or bfloat16, not 'float16'"):
