@@ -48,7 +48,7 @@ class SamplingParams:
     top_p: float = 0.95
     max_tokens: int = 8192
     stop: list[str] = field(default_factory=list)
-    seed: int | None = None  # sample i asks with seed + i, so samples differ yet a rerun repeats them
+    seed: int | None = None  # the run's seed; each request asks with its own (drkernel.agent.loop.request_seed)
 
 
 @dataclass

@@ -50,7 +50,7 @@ class BenchConfig:
     static_cache: bool = field(default=False, metadata={
         "help": "hf: models: generate over a static KV cache, which transformers compiles on a GPU."})
     seed: int | None = field(default=None, metadata={
-        "help": "Sample i asks with seed + i.", "default_text": "none sent"})
+        "help": "Each request asks with a seed made of this one, its task, sample and turn: reruns repeat.", "default_text": "none sent"})
     prompts: str | None = field(default=None, metadata={"help": "TOML/JSON file overriding prompt templates."})
     profiling_reward: bool = field(default=False, metadata={"help": "Reward coverage too (PR)."})
     concurrency: int = field(default=32, metadata={"help": "Trajectories in flight.", "min": 1})

@@ -12,6 +12,7 @@ for this run, and a resumed run asks that turn again.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -115,13 +116,21 @@ async def run_loop(
     return LoopOutcome(read_trajectories(run_dir), len(new), errors)
 
 
+def request_seed(seed: int, task: str, sample: int, turn: int) -> int:
+    """The seed one request asks with: fixed by the run's seed, the task, the sample and the turn, so a rerun repeats
+    it while every request draws its own random stream. (`seed + sample` gave sample i of every task the same
+    stream: a one-sample run drew each task's answer with the same noise, and their kinds moved together.)"""
+    digest = hashlib.sha256(f"{seed}/{task}/{sample}/{turn}".encode()).digest()
+    return int.from_bytes(digest[:4], "big") & 0x7FFFFFFF  # a non-negative 32-bit int, which every server takes
+
+
 async def _turn(
     task: Task, sample: int, turn: int, first_prompt: str, history: list[TurnRecord], model: ChatModel,
     evaluator: Evaluator, config: LoopConfig,
 ) -> TurnRecord:
     shown = [ShownTurn(r.response, r.feedback, r.reward) for r in history]
     messages, context_turns = build_messages(first_prompt, shown, config.context)
-    seed = None if config.sampling.seed is None else config.sampling.seed + sample
+    seed = None if config.sampling.seed is None else request_seed(config.sampling.seed, task.key, sample, turn)
     record = TurnRecord(task=task.key, level=task.level, sample=sample, turn=turn, messages=messages, response="",
                         code=None, result=None, reward=0.0, feedback="", context_turns=context_turns)
     started = time.monotonic()
