@@ -98,7 +98,7 @@ PROFILES = {
         sft_single_turn="partial=0.3,lazy=0.25,unfused=0.2,fused=0.25",
         sft_args=("--epochs", "1", "--bf16", "--per-device-train-batch-size", "8", "--max-length", "4096",
                   "--learning-rate", "2e-4", "--lora-rank", "16", "--logging-steps", "10"),
-        probe_tasks=32, probe_samples=1, rl_config="examples/mini/rl_gpu.yaml", bench_turns=3, bench_samples=4,
+        probe_tasks=32, probe_samples=2, rl_config="examples/mini/rl_gpu.yaml", bench_turns=3, bench_samples=4,
         max_tokens=1600,
         stts_turns=8, stts_context="topk:4", stts_samples=1,
         transfer_tasks="../shared/kernelbench/kernelbench_levels1-3.jsonl",  # a copy where the GPU machine has one

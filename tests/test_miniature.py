@@ -58,7 +58,7 @@ def test_gpu_commands_differ_only_in_the_ablation(tmp_path, capsys):
     mix, probe = capsys.readouterr().out.splitlines()
     assert "--single-turn partial=0.3,lazy=0.25,unfused=0.2,fused=0.25" in mix
     assert f"--tasks {tmp_path}/train/tasks --problems 1-32 --model hf:{tmp_path}/sft/final" in probe
-    assert "--turns 1 --samples 1" in probe and f"--out {tmp_path}/probe/sft" in probe
+    assert "--turns 1 --samples 2" in probe and f"--out {tmp_path}/probe/sft" in probe
     assert miniature.main(["rl", "bench", "stts", "--root", str(tmp_path), "--dry-run", "--policies", "trloo"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert [line.split()[0] for line in lines] == ["[rl]", "[bench]", "[stts]"]  # stts: sft and recipe only
