@@ -2,6 +2,7 @@
 
     python benchmarks/miniature.py STAGE... [--profile gpu|cpu] [--root runs/mini] [--base GGUF] [--gpus N]
                                             [--time-limit-s S] [--policies sft grpo trloo recipe]
+                                            [--single-turn SHARES] [--sft-args ARGS]
 
 Stages, in order (`all` runs them all):
   splits    the train / validation / test splits (`drkernel synth`; seeded, seconds)
@@ -344,6 +345,10 @@ def main(argv: list[str] | None = None) -> int:
                         "the GPU); stage 0's calibration decides")
     parser.add_argument("--max-tokens", type=int, default=None, help="new tokens per answer in the stages run now "
                         "(the profile's default: 2048 on the GPU; a resumed bench keeps its own)")
+    parser.add_argument("--single-turn", default=None, help="the mix's single-turn shares, e.g. "
+                        "partial=0.3,lazy=0.25,unfused=0.2,fused=0.25 (the gpu profile's)")
+    parser.add_argument("--sft-args", default=None, help="more flags for the sft stage (drkernel.train.sft's; a "
+                        "flag given again wins), e.g. '--lora-rank 0 --learning-rate 5e-5': full fine-tuning")
     parser.add_argument("--policies", nargs="+", choices=POLICIES, default=list(POLICIES),
                         help="the policies `rl`, `bench`, `stts` and `transfer` take (default: all four; stts "
                         "takes sft and recipe of them), e.g. one RL run and its bench in one lease of a GPU")
@@ -359,6 +364,10 @@ def main(argv: list[str] | None = None) -> int:
         if args.max_tokens < 1:
             parser.error("--max-tokens must be at least 1")
         profile = dataclasses.replace(profile, max_tokens=args.max_tokens)
+    if args.single_turn is not None:
+        profile = dataclasses.replace(profile, sft_single_turn=args.single_turn)
+    if args.sft_args:
+        profile = dataclasses.replace(profile, sft_args=(*profile.sft_args, *shlex.split(args.sft_args)))
     if args.per_gpu < 1:
         parser.error("--per-gpu must be at least 1")
     pipeline = Pipeline(args.root.resolve(), profile, args.gpus, args.time_limit_s, args.dry_run, args.per_gpu,

@@ -59,6 +59,11 @@ def test_gpu_commands_differ_only_in_the_ablation(tmp_path, capsys):
     assert "--single-turn partial=0.3,lazy=0.25,unfused=0.2,fused=0.25" in mix
     assert f"--tasks {tmp_path}/train/tasks --problems 1-32 --model hf:{tmp_path}/sft/final" in probe
     assert "--turns 1 --samples 2" in probe and f"--out {tmp_path}/probe/sft" in probe
+    assert miniature.main(["mix", "sft", "--root", str(tmp_path), "--dry-run", "--single-turn", "fused=1",
+                           "--sft-args", "--lora-rank 0 --learning-rate 5e-5"]) == 0
+    mix, sft = capsys.readouterr().out.splitlines()
+    assert mix.endswith("--single-turn fused=1")
+    assert sft.endswith("--lora-rank 16 --logging-steps 10 --lora-rank 0 --learning-rate 5e-5")  # the last flag wins
     assert miniature.main(["rl", "bench", "stts", "--root", str(tmp_path), "--dry-run", "--policies", "trloo"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert [line.split()[0] for line in lines] == ["[rl]", "[bench]", "[stts]"]  # stts: sft and recipe only
