@@ -95,7 +95,7 @@ PROFILES = {
     "gpu": Profile(
         device="cuda", shape_scale=1.0, n_train=400, n_validation=8, n_test=32, needs_base=True,
         sft_tasks=3000, sft_multi_turn_tasks=96,
-        # lease 2's SFT policy (0.4/0.3/0.2/0.1) never sampled a correct fused or unfused answer: docs/experiments.md
+        # more fused rows than the default 0.4/0.3/0.2/0.1 since lease 3 (docs/experiments.md, "Lease 3")
         sft_single_turn="partial=0.3,lazy=0.25,unfused=0.2,fused=0.25",
         sft_args=("--epochs", "1", "--bf16", "--per-device-train-batch-size", "8", "--max-length", "4096",
                   "--learning-rate", "2e-4", "--lora-rank", "16", "--logging-steps", "10"),
