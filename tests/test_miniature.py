@@ -64,6 +64,13 @@ def test_gpu_commands_differ_only_in_the_ablation(tmp_path, capsys):
     mix, sft = capsys.readouterr().out.splitlines()
     assert mix.endswith("--single-turn fused=1")
     assert sft.endswith("--lora-rank 16 --logging-steps 10 --lora-rank 0 --learning-rate 5e-5")  # the last flag wins
+    run = tmp_path / "bench" / "sft"
+    run.mkdir(parents=True)
+    (run / "config.json").write_text("{}")
+    for incomplete, said in ((1, f"[bench] drkernel bench --out {run} --resume"), (0, "[bench] done already")):
+        (run / "summary.json").write_text(json.dumps({"planned_trajectories": 128, "incomplete_trajectories": incomplete}))
+        assert miniature.main(["bench", "--root", str(tmp_path), "--dry-run", "--policies", "sft"]) == 0
+        assert capsys.readouterr().out.splitlines() == [said]
     assert miniature.main(["rl", "bench", "stts", "--root", str(tmp_path), "--dry-run", "--policies", "trloo"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert [line.split()[0] for line in lines] == ["[rl]", "[bench]", "[stts]"]  # stts: sft and recipe only
@@ -175,8 +182,9 @@ def test_tiny_pipeline_on_the_cpu(tmp_path, capsys):
 
     # a second call finds everything done; a run without its final model resumes from its checkpoint
     capsys.readouterr()
-    assert miniature.main(["base", "sft", "rl", "--profile", "cpu", "--root", str(root)]) == 0
-    assert capsys.readouterr().out.splitlines() == ["[base] done already", "[sft] done already", "[rl] done already"]
+    assert miniature.main(["base", "sft", "probe", "rl", "bench", "--profile", "cpu", "--root", str(root)]) == 0
+    assert capsys.readouterr().out.splitlines() == [f"[{stage}] done already" for stage in
+                                                    ("base", "sft", "probe", "rl", "bench")]
     (root / "rl" / "grpo" / "final").rename(root / "rl" / "grpo" / "final.old")
     assert miniature.main(["rl", "--profile", "cpu", "--root", str(root), "--dry-run"]) == 0
     assert capsys.readouterr().out.rstrip().endswith("--set prs=false --resume")
