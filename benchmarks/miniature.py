@@ -2,7 +2,7 @@
 
     python benchmarks/miniature.py STAGE... [--profile gpu|cpu] [--root runs/mini] [--base GGUF] [--gpus N]
                                             [--time-limit-s S] [--policies sft grpo trloo recipe]
-                                            [--single-turn SHARES] [--sft-args ARGS]
+                                            [--single-turn SHARES] [--sft-args ARGS] [--rl-set KEY=VALUE ...]
 
 Stages, in order (`all` runs them all):
   splits    the train / validation / test splits (`drkernel synth`; seeded, seconds)
@@ -89,6 +89,7 @@ class Profile:
     transfer_args: tuple[str, ...]
     transfer_samples: int
     eval_args: tuple[str, ...] = field(default=())
+    rl_settings: tuple[str, ...] = field(default=())  # KEY=VALUE for every RL run, after the ablation's own
 
 
 PROFILES = {
@@ -211,7 +212,7 @@ class Pipeline:
             args = ["train", "--config", str(REPO / self.p.rl_config), "--set", f"model={self.policy_path('sft')}",
                     "--set", f"tasks={self.root / 'train' / 'tasks'}",
                     "--set", f"validation_tasks={self.root / 'validation' / 'tasks'}", "--set", f"output_dir={out}"]
-            for setting in settings:
+            for setting in (*settings, *self.p.rl_settings):
                 args += ["--set", setting]
             if any(out.glob("checkpoint-*")):
                 args.append("--resume")
@@ -364,6 +365,9 @@ def main(argv: list[str] | None = None) -> int:
                         "partial=0.3,lazy=0.25,unfused=0.2,fused=0.25 (the gpu profile's)")
     parser.add_argument("--sft-args", default=None, help="more flags for the sft stage (drkernel.train.sft's; a "
                         "flag given again wins), e.g. '--lora-rank 0 --learning-rate 5e-5': full fine-tuning")
+    parser.add_argument("--rl-set", action="append", default=[], metavar="KEY=VALUE", help="a setting of "
+                        "every RL run after its ablation's (drkernel train --set; repeat it), e.g. "
+                        "learning_rate=1e-4")
     parser.add_argument("--policies", nargs="+", choices=POLICIES, default=list(POLICIES),
                         help="the policies `rl`, `bench`, `stts` and `transfer` take (default: all four; stts "
                         "takes sft and recipe of them), e.g. one RL run and its bench in one lease of a GPU")
@@ -383,6 +387,10 @@ def main(argv: list[str] | None = None) -> int:
         profile = dataclasses.replace(profile, sft_single_turn=args.single_turn)
     if args.sft_args:
         profile = dataclasses.replace(profile, sft_args=(*profile.sft_args, *shlex.split(args.sft_args)))
+    if args.rl_set:
+        if any("=" not in setting for setting in args.rl_set):
+            parser.error("--rl-set takes KEY=VALUE")
+        profile = dataclasses.replace(profile, rl_settings=tuple(args.rl_set))
     if args.per_gpu < 1:
         parser.error("--per-gpu must be at least 1")
     pipeline = Pipeline(args.root.resolve(), profile, args.gpus, args.time_limit_s, args.dry_run, args.per_gpu,

@@ -75,6 +75,12 @@ def test_gpu_commands_differ_only_in_the_ablation(tmp_path, capsys):
     lines = capsys.readouterr().out.splitlines()
     assert [line.split()[0] for line in lines] == ["[rl]", "[bench]", "[stts]"]  # stts: sft and recipe only
     assert f"output_dir={tmp_path}/rl/trloo " in lines[0] and lines[2] == "[stts] done already"
+    assert miniature.main(["rl", "--root", str(tmp_path), "--dry-run", "--policies", "recipe",
+                           "--rl-set", "learning_rate=1e-4", "--rl-set", "max_steps=20"]) == 0
+    assert capsys.readouterr().out.splitlines()[0].endswith(
+        "--set prs=true --set learning_rate=1e-4 --set max_steps=20")  # after the ablation's: the last one wins
+    with pytest.raises(SystemExit):
+        miniature.main(["rl", "--root", str(tmp_path), "--dry-run", "--rl-set", "learning_rate"])
 
 
 def test_time_limit_stops_the_processes_and_keeps_going_later(tmp_path):
