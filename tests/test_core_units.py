@@ -461,6 +461,47 @@ def test_a_failed_mapping_of_the_judge_s_values_is_the_harness_s_failure(tmp_pat
     assert "mapping of buffer object failed" in failure["message"]
 
 
+def test_a_subject_that_aborts_is_one_crash_by_signal_with_the_cause_its_stderr_gave(tmp_path) -> None:
+    """A CUDA error raised in a destructor aborts the subject (seen on the H100: a kernel storing a row's values into
+    a one-value-per-row output). The judge asks the dead subject again while a gated phase cleans up; that must
+    not turn the signal into an exit the candidate called (`exit_called`), and the cause printed before a long C++
+    stack must reach the feedback."""
+    import os
+    import resource
+    import signal
+    import socket
+
+    from drkernel.sandbox.channel import Channel, ChannelClosed
+    from drkernel.sandbox.guards import Findings
+    from drkernel.sandbox.judge import SubjectLink
+    from drkernel.schema import Status
+
+    (tmp_path / "stderr.txt").write_text(
+        "terminate called after throwing an instance of 'c10::AcceleratorError'\n"
+        "  what():  CUDA error: an illegal memory access was encountered\n"
+        + "".join(f"frame #{i}: c10::TensorImpl::~TensorImpl() + 0x9 (0x7ff704d4e279 in libc10.so)\n"
+                  for i in range(200)))
+    ours, theirs = socket.socketpair()
+    pid = os.fork()
+    if pid == 0:  # the subject: aborts at once, without a core file
+        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+        os.abort()
+    theirs.close()
+    os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT)  # dead, not yet reaped: as the judge finds it
+    findings = Findings()
+    link = SubjectLink(Channel(ours), pid, tmp_path, torch.device("cuda"), findings, None)
+    first = link._died(ChannelClosed("the subject closed the connection"))
+    again = link._died(ChannelClosed("the subject closed the connection"))  # the phase's clean-up asking it
+    assert again is first and (first.status, first.kind) == (Status.CRASHED, "Signal")
+    assert "SIGABRT" in first.message and "illegal memory access" in first.message  # what to fix
+    assert first.message.endswith("it printed: terminate called after throwing an instance of 'c10::AcceleratorError' / "
+                                  "what():  CUDA error: an illegal memory access was encountered")
+    assert "what():  CUDA error: an illegal memory access" in first.tb.splitlines()[2]  # before the stack's tail
+    assert dict(findings.details) == {}  # no exit_called: the candidate called no exit
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)  # reaped
+
+
 def test_the_judge_keeps_each_gated_phase_s_most_memory_in_both_processes(tmp_path, monkeypatch) -> None:
     """Per phase, over all its holds, the most each process's allocator held (the subject's from its replies, whose
     claims are checked for type and range): what shows whether two evaluations' phases fit beside each other."""

@@ -21,6 +21,7 @@ import math
 import os
 import platform
 import random
+import re
 import secrets
 import signal
 import statistics
@@ -49,6 +50,11 @@ WALL_FACTOR, WALL_MARGIN_MS = 1.5, 1.0
 SHARE_OF_MEMORY = 0.25  # of the GPU's memory, at most, for one evaluation's trials beside others' (3 at once)
 DEGENERACY_SAMPLE = 1 << 20  # elements of the reference's output kept to judge whether the task is degenerate
 STDERR_TAIL = 3000
+STDERR_CAUSE = re.compile(r"terminate called|what\(\):|CUDA error|\w+Error\b:|Assertion")  # lines worth keeping
+STDERR_CAUSE_LINES = 6
+ABORT_HINT = ("; on the GPU that is most often a CUDA error raised where it cannot be caught, such as a kernel that "
+              "loaded or stored outside its tensors (an illegal memory access): check each store's size against "
+              "its output")
 PROFILED_CALLS = 3  # profiled forwards, each on inputs of its own
 PROFILE_SHARE_OF_MEMORY = 0.5  # the profile holds the GPU alone, but other evaluations' processes keep their memory
 STOP_WAIT_S = 2.0  # how long the judge waits to learn how the subject ended
@@ -81,6 +87,7 @@ class SubjectLink:
         # time in its handlers (the socket, encoding, mapping inputs), collecting shared blocks, mapping outputs.
         self.costs = {"handover": 0.0, "ipc_collect": 0.0, "map_outputs": 0.0}
         self.peak_bytes = 0  # the most the subject's allocator held in a request since this was last set to 0
+        self.death: Failure | None = None  # how the subject ended, once the judge has seen it
 
     def ask(self, op: str, values: dict[str, Any] | None = None, **fields: Any) -> tuple[dict[str, Any], list]:
         self._collect()
@@ -176,16 +183,25 @@ class SubjectLink:
                 self.conn.send({"resume": True})
 
     def _died(self, exc: Exception) -> Failure:
-        """The subject closed the connection, died or spoke nonsense: classify from how its process ended."""
+        """The subject closed the connection, died or spoke nonsense: classify from how its process ended. Asked
+        again (a phase's clean-up asks a subject already gone), the first classification stands: its process is
+        reaped by then, and an unknown end would read as an exit the candidate called."""
+        if self.death is None:
+            self.death = self._classify_death(exc)
+        return self.death
+
+    def _classify_death(self, exc: Exception) -> Failure:
         status = self.stop()
-        tail = _tail(self.scratch / "stderr.txt")
+        tail, causes = _stderr(self.scratch / "stderr.txt")
         if isinstance(exc, channel.BadMessage):
             return Failure(Status.CRASHED, "BadReply", f"the candidate's process broke the protocol: {exc}", tail)
         if status is not None and os.WIFSIGNALED(status):
             sig = os.WTERMSIG(status)
             name = signal.Signals(sig).name if sig in signal.Signals._value2member_map_ else str(sig)
+            hint = ABORT_HINT if sig == signal.SIGABRT and self.device.type == "cuda" else ""
+            said = f"; it printed: {' / '.join(causes[:2])}" if causes else ""
             return Failure(Status.CRASHED, "Signal",
-                           f"the evaluation process was killed by {name} ({signal.strsignal(sig)})", tail)
+                           f"the evaluation process was killed by {name} ({signal.strsignal(sig)}){hint}{said}", tail)
         code = os.WEXITSTATUS(status) if status is not None else None
         self.findings.add(guards.EXIT_CALLED, "the candidate ended its process (os._exit or similar): a failure.")
         return Failure(Status.CRASHED, "Exit",
@@ -918,9 +934,18 @@ def _identical(a: Any, b: Any) -> bool:
     return type(a) is type(b) and not isinstance(a, channel.Opaque) and a == b
 
 
-def _tail(path: Path) -> str:
+def _stderr(path: Path) -> tuple[str, list[str]]:
+    """The end of the subject's stderr, after the lines before it that name a cause (a C++ abort prints its error
+    first and then a long stack, which alone would fill the end); and the lines naming a cause anywhere in it."""
     try:
         text = path.read_text(errors="replace")
     except OSError:
-        return ""
-    return f"[stderr]\n{text[-STDERR_TAIL:]}" if text.strip() else ""
+        return "", []
+    if not text.strip():
+        return "", []
+    causes = [line.strip()[:300] for line in text.splitlines()
+              if STDERR_CAUSE.search(line) and not line.startswith("frame #")][:STDERR_CAUSE_LINES]
+    before = {line.strip()[:300] for line in text[:-STDERR_TAIL].splitlines()}
+    head = [line for line in causes if line in before]  # the tail shows the others
+    shown = "".join(f"{line}\n" for line in head) + ("...\n" if head else "")
+    return f"[stderr]\n{shown}{text[-STDERR_TAIL:]}", causes
