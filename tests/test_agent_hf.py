@@ -144,6 +144,12 @@ def test_a_static_cache_answers_as_the_dynamic_one_and_is_sized_in_rounded_steps
         assert asyncio.run(ask_together(static, PROMPTS, params, seeds)) == asyncio.run(
             ask_together(plain, PROMPTS, params, seeds))
     assert [(k["cache_implementation"], k["max_cache_len"]) for k in asked] == [("static", STATIC_CACHE_ROUNDING)] * 2
+    rows = []
+    static.model.generate = lambda input_ids, **kwargs: rows.append(input_ids.shape[0]) or generate(input_ids, **kwargs)
+    for params, seeds in ((GREEDY, None), (sampled, [11, 12])):  # two requests: a third row fills the batch
+        assert asyncio.run(ask_together(static, PROMPTS[1:], params, seeds)) == asyncio.run(
+            ask_together(plain, PROMPTS[1:], params, seeds))
+    assert rows == [3, 3]  # one shape for the compiled step, whatever the batch holds
     assert static_cache_settings(STATIC_CACHE_ROUNDING + 1)["max_cache_len"] == 2 * STATIC_CACHE_ROUNDING
 
 

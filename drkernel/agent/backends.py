@@ -236,6 +236,10 @@ class HFChatModel:
     decoding steps: it runs beside correctness checks, never while a candidate is timed.
 
     `static_cache`: generate over a static KV cache (`static_cache_settings`), which transformers compiles on a GPU.
+    It compiles one decoding step per shape and falls back to eager decoding after a few, and a bench's batches
+    hold 1 to `max_batch` rows (a static cache made lease 2's bench slower, docs/experiments.md), so every batch is
+    filled up to `max_batch` rows with copies of its first request (its seed too: they end when it ends), whose
+    answers are dropped; a decoding step of a small model costs about the same for 1 row as for 32.
     """
 
     def __init__(
@@ -314,13 +318,17 @@ class HFChatModel:
         from transformers import TemperatureLogitsWarper, TopPLogitsWarper
 
         params = batch[0].params
+        seeds = [random.getrandbits(63) if request.seed is None else request.seed for request in batch]
+        rows = batch
+        if self.static_cache:  # one batch size for the compiled step: the first request again, its seed, dropped
+            filler = self.max_batch - len(batch)
+            rows, seeds = rows + [batch[0]] * filler, seeds + [seeds[0]] * filler
         inputs = self.tokenizer.apply_chat_template(
-            [request.messages for request in batch], add_generation_prompt=True, padding=True, return_tensors="pt",
+            [request.messages for request in rows], add_generation_prompt=True, padding=True, return_tensors="pt",
             return_dict=True,
         ).to(self.device)
         processors = []
         if params.temperature > 0:
-            seeds = [random.getrandbits(63) if request.seed is None else request.seed for request in batch]
             processors = [TemperatureLogitsWarper(params.temperature), TopPLogitsWarper(params.top_p),
                           _RowSampler(seeds, self.device)]
         if self.gate is not None:
