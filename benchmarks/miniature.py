@@ -10,7 +10,9 @@ Stages, in order (`all` runs them all):
             dequantised once into ROOT/base (`drkernel pretrained convert`); the cpu profile may go without one
             and then builds a tiny policy from scratch in the sft stage
   mix       the SFT mix (drkernel.train.synthetic_sft; its two-turn rows are judged by KernelGym)
-  sft       the cold-start SFT (drkernel.train.sft) from ROOT/base, a LoRA adapter -> ROOT/sft/final
+  sft       the cold-start SFT (drkernel.train.sft) from ROOT/base -> ROOT/sft/final: on the GPU every weight
+            trains (a LoRA adapter did not learn the fused kernels, docs/experiments.md "Lease 4"), so the policy
+            (269 MB) is rebuilt from its seeds in each lease, 200 s; the CPU profile trains a LoRA adapter
   probe     the SFT policy's first answers on the first train tasks, the RL runs' prompts (`drkernel bench`, one
             turn): whether it still samples the kinds the recipe rewards before RL spends a lease -> ROOT/probe/sft
   rl        (b) GRPO, (c) TRLOO, (d) TRLOO + PR + PRS, same budget each (`drkernel train`, LoRA adapters over the
@@ -20,8 +22,8 @@ Stages, in order (`all` runs them all):
   transfer  every policy on the KernelBench level-1 problems of the same kinds -> ROOT/transfer/NAME
   report    `drkernel report` over each stage's run folders -> ROOT/report/STAGE
 
-Every policy after the base is a LoRA adapter of a few MB over the one before it (`hf:` merges the chain), so what
-a GPU call must bring back to go on in a later one is small (docs/experiments.md, "The runs on the GPU").
+Every RL policy is a LoRA adapter of a few MB over the SFT policy (`hf:` merges the chain), so what a GPU call must
+bring back to go on in a later one is small (docs/experiments.md, "The runs on the GPU").
 
 Every step is a `drkernel` (or `python -m drkernel...`) command line, printed before it runs; `--dry-run` only
 prints them. A stage skips what is already done and continues what a killed call left (`drkernel train --resume`
@@ -89,6 +91,7 @@ class Profile:
     transfer_args: tuple[str, ...]
     transfer_samples: int
     eval_args: tuple[str, ...] = field(default=())
+    generation_args: tuple[str, ...] = field(default=())  # bench's, for the local policy
     rl_settings: tuple[str, ...] = field(default=())  # KEY=VALUE for every RL run, after the ablation's own
 
 
@@ -98,14 +101,18 @@ PROFILES = {
         sft_tasks=3000, sft_multi_turn_tasks=96,
         # more fused rows than the default 0.4/0.3/0.2/0.1 since lease 3 (docs/experiments.md, "Lease 3")
         sft_single_turn="partial=0.3,lazy=0.25,unfused=0.2,fused=0.25",
+        # every weight trained: LoRA (rank 16, lr 2e-4) wrote 1 correct fused kernel in 13 tries, this 15 in 17
         sft_args=("--epochs", "1", "--bf16", "--per-device-train-batch-size", "8", "--max-length", "4096",
-                  "--learning-rate", "2e-4", "--lora-rank", "16", "--logging-steps", "10"),
+                  "--learning-rate", "1e-4", "--lora-rank", "0", "--logging-steps", "10"),
         probe_tasks=32, probe_samples=2, rl_config="examples/mini/rl_gpu.yaml", bench_turns=3, bench_samples=4,
         max_tokens=1600,
         stts_turns=8, stts_context="topk:4", stts_samples=1,
         transfer_tasks="../shared/kernelbench/kernelbench_levels1-3.jsonl",  # a copy where the GPU machine has one
         transfer_args=("--level", "1", "--problems", "19-32,36,38-40,47-49,53,88"), transfer_samples=1,
         eval_args=("--trials", "3", "--perf-trials", "10"),
+        # compiled decoding, every batch filled to 32 rows (HFChatModel): lease 4's probe decoded at about 100 ms a
+        # step without it, the trainer's compiled bf16 copy at 6.5 ms
+        generation_args=("--static-cache",),
     ),
     "cpu": Profile(
         device="cpu", shape_scale=1 / 256, n_train=2, n_validation=1, n_test=2, needs_base=False, sft_tasks=8,
@@ -234,7 +241,8 @@ class Pipeline:
             args += ["--tasks", tasks, *extra, "--model", f"hf:{self.policy_path(policy)}", "--device", self.p.device,
                      "--workers", "1", "--turns", str(turns), "--samples", str(samples),
                      "--context", context, "--max-tokens", str(self.p.max_tokens), "--temperature", "1.0",
-                     "--top-p", "0.95", "--seed", "0", "--profiling-reward", *self.p.eval_args]
+                     "--top-p", "0.95", "--seed", "0", "--profiling-reward", *self.p.generation_args,
+                     *self.p.eval_args]
         return [Step(name, CLI, args)]
 
     def probe(self) -> list[Step]:
@@ -364,7 +372,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--single-turn", default=None, help="the mix's single-turn shares, e.g. "
                         "partial=0.3,lazy=0.25,unfused=0.2,fused=0.25 (the gpu profile's)")
     parser.add_argument("--sft-args", default=None, help="more flags for the sft stage (drkernel.train.sft's; a "
-                        "flag given again wins), e.g. '--lora-rank 0 --learning-rate 5e-5': full fine-tuning")
+                        "flag given again wins), e.g. '--lora-rank 16 --learning-rate 2e-4': a LoRA adapter")
     parser.add_argument("--rl-set", action="append", default=[], metavar="KEY=VALUE", help="a setting of "
                         "every RL run after its ablation's (drkernel train --set; repeat it), e.g. "
                         "learning_rate=1e-4")

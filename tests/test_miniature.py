@@ -59,11 +59,12 @@ def test_gpu_commands_differ_only_in_the_ablation(tmp_path, capsys):
     assert "--single-turn partial=0.3,lazy=0.25,unfused=0.2,fused=0.25" in mix
     assert f"--tasks {tmp_path}/train/tasks --problems 1-32 --model hf:{tmp_path}/sft/final" in probe
     assert "--turns 1 --samples 2" in probe and f"--out {tmp_path}/probe/sft" in probe
+    assert "--profiling-reward --static-cache --trials 3" in probe
     assert miniature.main(["mix", "sft", "--root", str(tmp_path), "--dry-run", "--single-turn", "fused=1",
-                           "--sft-args", "--lora-rank 0 --learning-rate 5e-5"]) == 0
+                           "--sft-args", "--lora-rank 16 --learning-rate 2e-4"]) == 0
     mix, sft = capsys.readouterr().out.splitlines()
     assert mix.endswith("--single-turn fused=1")
-    assert sft.endswith("--lora-rank 16 --logging-steps 10 --lora-rank 0 --learning-rate 5e-5")  # the last flag wins
+    assert sft.endswith("--lora-rank 0 --logging-steps 10 --lora-rank 16 --learning-rate 2e-4")  # the last flag wins
     run = tmp_path / "bench" / "sft"
     run.mkdir(parents=True)
     (run / "config.json").write_text("{}")
@@ -202,7 +203,7 @@ def test_rl_configs_load_and_keep_small_updates():
     gpu = load_config(REPO / "examples" / "mini" / "rl_gpu.yaml", ["model=m", "validation_tasks=v", "bf16=false"])
     assert (gpu.model_dtype, gpu.turns, gpu.max_new_tokens, gpu.save_steps, gpu.lora_rank) == ("float32", 3, 1600, 1, 8)
     assert gpu.grpo_config().generation_batch_size == 16  # 2 prompts x 8 samples, whole groups for TRL
-    assert (gpu.rollout_dtype, gpu.mrs_on, gpu.max_steps) == ("bfloat16", False, 14)
+    assert (gpu.rollout_dtype, gpu.mrs_on, gpu.max_steps, gpu.learning_rate) == ("bfloat16", False, 20, 1e-4)
     cpu = load_config(REPO / "examples" / "mini" / "rl_cpu.yaml", ["model=m", "validation_tasks=v"])
     assert cpu.grpo_config().generation_batch_size == 2
     with pytest.raises(ConfigError, match="model_dtype must be auto, float32 or bfloat16, not 'float16'"):
