@@ -355,6 +355,7 @@ def test_two_steps_then_resume(tmp_path, monkeypatch, tiny_policy):
         # on the CPU a correct turn's coverage is not measured: its kind is `unmeasured`, every other turn `failed`
         assert m["kind_shares"] == {"lazy": 0.0, "partial": 0.0, "unfused": 0.0, "fused": 0.0, "unmeasured": 0.5,
                                     "failed": 0.5}
+        assert m["turn_kind_shares"] == [m["kind_shares"]] * 2  # each turn: one success, one failure
         assert all(m[k] >= 0 for k in ("time_generation_s", "time_evaluation_s", "time_update_s"))
 
     # validation at step 2: the agent loop with the model being trained (sample 0's script: a success, then a
@@ -392,6 +393,12 @@ def test_two_steps_then_resume(tmp_path, monkeypatch, tiny_policy):
                 void = r["reward"] <= 0 and any(e["reward"] > 0 for e in turns[:k])
                 assert r["why_not"] == ("prs" if r["correct"] else "void_turn" if void else None)
                 assert r["kept"] == (r["why_not"] is None)
+        # the step's mean advantage per kind is that of the turns the loss kept (none of the successes here)
+        kept = [r for r in mine if r["kept"]]
+        assert {r["kind"] for r in kept} == {"failed"}
+        assert metrics[step - 1]["advantage_by_kind"] == {
+            "lazy": None, "partial": None, "unfused": None, "fused": None, "unmeasured": None,
+            "failed": pytest.approx(sum(r["advantage"] for r in kept) / len(kept), abs=1e-12)}
 
     # the advantage reaching the loss for each turn's tokens is that turn's; dropped turns and feedback are masked
     logged = {(r["step"], r["task"], r["sample"], r["turn"]): r for r in rows}

@@ -264,7 +264,7 @@ class DrKernelTrainer(trl.GRPOTrainer):
                         "step": step, "prompt_id": s.prompt_id, "sample": s.sample, "turn": s.turn, "task": r["task"],
                         "reward": s.reward, "return": s.ret, "advantage": s.advantage, "correct": r["correct"],
                         "coverage": r["coverage"], "kept": s.kept, "why_not": s.why_not, "status": r["status"],
-                        "speedup": r["speedup"],
+                        "speedup": r["speedup"], "kind": r["kind"],
                     }) + "\n")
 
     def validate(self, step: int) -> dict[str, Any]:
@@ -324,6 +324,12 @@ class DrKernelTrainer(trl.GRPOTrainer):
         rewards = torch.tensor([r["reward"] for r in rows], dtype=torch.float64)
         coverage = [r["coverage"] for r in rows if r["coverage"] is not None]
         kind_shares = {k.value: sum(r["kind"] == k for r in rows) / max(len(rows), 1) for k in AnswerKind}
+        # per turn, and the mean advantage the loss gave each kind: what the step pushed towards, beside what it saw
+        turn_kind_shares = [{k.value: sum(r["kind"] == k for r in rows if r["turn"] == turn)
+                             / max(sum(r["turn"] == turn for r in rows), 1) for k in AnswerKind}
+                            for turn in range(1, width + 1)]
+        kept = [(r["kind"], s.advantage) for r, s in zip(rows, signals) if s.kept]
+        advantage_by_kind = {k.value: _mean([a for kind, a in kept if kind == k]) for k in AnswerKind}
         reached_turns = torch.tensor(reached).sum(0).clamp(min=1)
         tokens = self.accelerator.gather(
             (output["prompt_mask"].sum() + output["completion_mask"].sum()).reshape(1)
@@ -339,6 +345,8 @@ class DrKernelTrainer(trl.GRPOTrainer):
             "hacked_share": sum(r["status"] == Status.HACKED for r in rows) / max(len(rows), 1),
             "lazy_share": kind_shares[AnswerKind.LAZY.value],
             "kind_shares": kind_shares,
+            "turn_kind_shares": turn_kind_shares,
+            "advantage_by_kind": advantage_by_kind,
             "coverage_mean": sum(coverage) / len(coverage) if coverage else None,
             "kept_mrs": kept_fraction(signals, "mrs"),
             "kept_prs": kept_fraction(signals, "prs"),
@@ -350,6 +358,10 @@ class DrKernelTrainer(trl.GRPOTrainer):
             "time_generation_s": stats.generation_s,
             "time_evaluation_s": stats.evaluation_s,
         }
+
+
+def _mean(values: list[float]) -> float | None:
+    return sum(values) / len(values) if values else None
 
 
 def _finite(values: list[float]) -> list[float | None]:
