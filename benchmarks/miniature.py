@@ -13,10 +13,11 @@ Stages, in order (`all` runs them all):
   sft       the cold-start SFT (drkernel.train.sft) from ROOT/base -> ROOT/sft/final: on the GPU every weight
             trains (a LoRA adapter did not learn the fused kernels, docs/experiments.md "Lease 4"), so the policy
             (269 MB) is rebuilt from its seeds in each lease, 200 s; the CPU profile trains a LoRA adapter
-  probe     the SFT policy's first answers on the first train tasks, the RL runs' prompts (`drkernel bench`, one
-            turn): whether it still samples the kinds the recipe rewards before RL spends a lease -> ROOT/probe/sft
   rl        (b) GRPO, (c) TRLOO, (d) TRLOO + PR + PRS, same budget each (`drkernel train`, LoRA adapters over the
             SFT policy) -> ROOT/rl/NAME
+  probe     each policy's first answers on the first train tasks, the RL runs' prompts (`drkernel bench`, one turn,
+            the same seeds): the SFT policy's before RL spends a lease (does it sample the kinds the recipe
+            rewards?), an RL policy's after its run (what the run moved, prompts held fixed) -> ROOT/probe/NAME
   bench     the SFT policy (a) and the three RL policies on the test split (`drkernel bench`) -> ROOT/bench/NAME
   stts      (a) and (d) over more turns, topk context -> ROOT/stts/NAME
   transfer  every policy on the KernelBench level-1 problems of the same kinds -> ROOT/transfer/NAME
@@ -51,7 +52,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))  # drkernel from this checkout, also where it is not installed (the GPU machine)
-STAGES = ("splits", "base", "mix", "sft", "probe", "rl", "bench", "stts", "transfer", "report")
+STAGES = ("splits", "base", "mix", "sft", "rl", "probe", "bench", "stts", "transfer", "report")
 CLI = "drkernel.cli.main"
 # (name, settings that differ): the ablations of stage 2, same budget each
 RL_RUNS = (
@@ -246,10 +247,14 @@ class Pipeline:
         return [Step(name, CLI, args)]
 
     def probe(self) -> list[Step]:
-        if "sft" not in self.policies:
-            return []
-        return self._bench("probe sft", "sft", str(self.root / "train" / "tasks"), self.root / "probe" / "sft", 1,
-                           "full", self.p.probe_samples, ("--problems", f"1-{self.p.probe_tasks}"))
+        steps = []
+        for name in self.policies:
+            if name != "sft" and not self.dry_run and not self.policy_path(name).exists():
+                print(f"[probe] {name}: not trained yet, left for a later call", flush=True)
+                continue
+            steps += self._bench(f"probe {name}", name, str(self.root / "train" / "tasks"), self.root / "probe" / name,
+                                 1, "full", self.p.probe_samples, ("--problems", f"1-{self.p.probe_tasks}"))
+        return steps
 
     def bench(self) -> list[Step]:
         return [step for name in self.policies

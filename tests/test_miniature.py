@@ -55,11 +55,16 @@ def test_gpu_commands_differ_only_in_the_ablation(tmp_path, capsys):
     assert [line.split(" --out ")[1].split()[0] for line in lines if line.startswith(("[bench]", "[transfer]"))] == [
         f"{tmp_path}/bench/sft", f"{tmp_path}/transfer/sft"]
     assert miniature.main(["mix", "probe", "--root", str(tmp_path), "--dry-run"]) == 0
-    mix, probe = capsys.readouterr().out.splitlines()
+    mix, probe, *rl_probes = capsys.readouterr().out.splitlines()
     assert "--single-turn partial=0.3,lazy=0.25,unfused=0.2,fused=0.25" in mix
     assert f"--tasks {tmp_path}/train/tasks --problems 1-32 --model hf:{tmp_path}/sft/final" in probe
     assert "--turns 1 --samples 2" in probe and f"--out {tmp_path}/probe/sft" in probe
     assert "--profiling-reward --static-cache --trials 3" in probe
+    for name, line in zip(("grpo", "trloo", "recipe"), rl_probes, strict=True):  # the same prompts after RL
+        assert line == probe.replace("sft/final", f"rl/{name}/final").replace("probe/sft", f"probe/{name}")
+    assert miniature.main(["probe", "--root", str(tmp_path), "--policies", "recipe"]) == 0  # before its RL run
+    assert capsys.readouterr().out.splitlines() == ["[probe] recipe: not trained yet, left for a later call",
+                                                    "[probe] done already"]
     assert miniature.main(["mix", "sft", "--root", str(tmp_path), "--dry-run", "--single-turn", "fused=1",
                            "--sft-args", "--lora-rank 16 --learning-rate 2e-4"]) == 0
     mix, sft = capsys.readouterr().out.splitlines()
@@ -182,8 +187,9 @@ def test_tiny_pipeline_on_the_cpu(tmp_path, capsys):
             records = [json.loads(line) for line in (root / stage / name / "trajectories.jsonl").read_text().splitlines()]
             tasks = {"2_relu"} if stage == "transfer" else {path.stem for path in (root / "test" / "tasks").glob("*.py")}
             assert sorted((r["task"], r["turn"]) for r in records) == sorted((t, k + 1) for t in tasks for k in range(turns))
-    probe = [json.loads(line) for line in (root / "probe" / "sft" / "trajectories.jsonl").read_text().splitlines()]
-    assert [(r["task"], r["turn"]) for r in probe] == [(next((root / "train" / "tasks").glob("1_*.py")).stem, 1)]
+    for name in miniature.POLICIES:  # each policy's first answer to the same train prompt, after the RL runs
+        probe = [json.loads(line) for line in (root / "probe" / name / "trajectories.jsonl").read_text().splitlines()]
+        assert [(r["task"], r["turn"]) for r in probe] == [(next((root / "train" / "tasks").glob("1_*.py")).stem, 1)]
     for stage in ("probe", "rl", "bench", "stts", "transfer"):
         assert (root / "report" / stage / "report.html").stat().st_size > 0
 
@@ -191,7 +197,7 @@ def test_tiny_pipeline_on_the_cpu(tmp_path, capsys):
     capsys.readouterr()
     assert miniature.main(["base", "sft", "probe", "rl", "bench", "--profile", "cpu", "--root", str(root)]) == 0
     assert capsys.readouterr().out.splitlines() == [f"[{stage}] done already" for stage in
-                                                    ("base", "sft", "probe", "rl", "bench")]
+                                                    ("base", "sft", "rl", "probe", "bench")]
     (root / "rl" / "grpo" / "final").rename(root / "rl" / "grpo" / "final.old")
     assert miniature.main(["rl", "--profile", "cpu", "--root", str(root), "--dry-run"]) == 0
     assert capsys.readouterr().out.rstrip().endswith("--set prs=false --resume")
