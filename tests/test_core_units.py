@@ -461,7 +461,7 @@ def test_a_failed_mapping_of_the_judge_s_values_is_the_harness_s_failure(tmp_pat
     assert "mapping of buffer object failed" in failure["message"]
 
 
-def test_a_subject_that_aborts_is_one_crash_by_signal_with_the_cause_its_stderr_gave(tmp_path) -> None:
+def test_a_subject_that_aborts_is_one_crash_by_signal_with_the_cause_its_stderr_gave(tmp_path, monkeypatch) -> None:
     """A CUDA error raised in a destructor aborts the subject (seen on the H100: a kernel storing a row's values into
     a one-value-per-row output). The judge asks the dead subject again while a gated phase cleans up; that must
     not turn the signal into an exit the candidate called (`exit_called`), and the cause printed before a long C++
@@ -494,12 +494,16 @@ def test_a_subject_that_aborts_is_one_crash_by_signal_with_the_cause_its_stderr_
     again = link._died(ChannelClosed("the subject closed the connection"))  # the phase's clean-up asking it
     assert again is first and (first.status, first.kind) == (Status.CRASHED, "Signal")
     assert "SIGABRT" in first.message and "illegal memory access" in first.message  # what to fix
-    assert first.message.endswith("it printed: terminate called after throwing an instance of 'c10::AcceleratorError' / "
-                                  "what():  CUDA error: an illegal memory access was encountered")
+    assert first.message.endswith("it printed: terminate called after throwing an instance of "
+                                  "'c10::AcceleratorError' / what():  CUDA error: an illegal memory access was "
+                                  "encountered")
     assert "what():  CUDA error: an illegal memory access" in first.tb.splitlines()[2]  # before the stack's tail
     assert dict(findings.details) == {}  # no exit_called: the candidate called no exit
     with pytest.raises(ProcessLookupError):
         os.kill(pid, 0)  # reaped
+    signalled = []
+    monkeypatch.setattr(os, "kill", lambda *args: signalled.append(args))
+    assert os.WTERMSIG(link.stop()) == signal.SIGABRT and signalled == []  # its PID may be another's by now
 
 
 def test_the_judge_keeps_each_gated_phase_s_most_memory_in_both_processes(tmp_path, monkeypatch) -> None:

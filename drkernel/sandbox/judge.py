@@ -88,6 +88,7 @@ class SubjectLink:
         self.costs = {"handover": 0.0, "ipc_collect": 0.0, "map_outputs": 0.0}
         self.peak_bytes = 0  # the most the subject's allocator held in a request since this was last set to 0
         self.death: Failure | None = None  # how the subject ended, once the judge has seen it
+        self.reaped: int | None = None  # its wait status, once the judge has reaped it
 
     def ask(self, op: str, values: dict[str, Any] | None = None, **fields: Any) -> tuple[dict[str, Any], list]:
         self._collect()
@@ -212,8 +213,10 @@ class SubjectLink:
         waited for: a subject that answered to the end need not be seen to die before the verdict goes out; its
         CUDA context takes about 0.1 s to go). Where Landlock scopes signals, the judge cannot signal the subject's
         domain: the subject then ends with the judge (its parent-death signal, the PID namespace, the supervisor's
-        kill of the process group)."""
+        kill of the process group). Once reaped, it is not signalled again (its PID may be another's by then)."""
         self.conn.sock.close()
+        if self.reaped is not None:
+            return self.reaped
         try:
             os.kill(self.pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
@@ -226,8 +229,11 @@ class SubjectLink:
                 pid, status = os.waitpid(self.pid, os.WNOHANG)
             except ChildProcessError:
                 return None
-            if pid or time.monotonic() > deadline:
-                return status if pid else None
+            if pid:
+                self.reaped = status
+                return status
+            if time.monotonic() > deadline:
+                return None
             time.sleep(0.005)
 
 
