@@ -347,7 +347,7 @@ class DrKernelTrainer(trl.GRPOTrainer):
             "kind_shares": kind_shares,
             "turn_kind_shares": turn_kind_shares,
             "advantage_by_kind": advantage_by_kind,
-            "coverage_mean": sum(coverage) / len(coverage) if coverage else None,
+            "coverage_mean": _mean(coverage),
             "kept_mrs": kept_fraction(signals, "mrs"),
             "kept_prs": kept_fraction(signals, "prs"),
             "kept_void_turn": kept_fraction(signals, "void_turn"),
