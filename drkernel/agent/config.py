@@ -48,7 +48,8 @@ class BenchConfig:
     max_tokens: int = field(default=8192, metadata={"help": "Most tokens per model answer.", "min": 1})
     stop: list[str] = field(default_factory=list, metadata={"help": "Stop sequence (repeatable)."})
     static_cache: bool = field(default=False, metadata={
-        "help": "hf: models: generate over a static KV cache, which transformers compiles on a GPU."})
+        "help": "hf: models: generate over a static KV cache, which transformers compiles on a GPU (each batch "
+                "filled to the largest batch size, so few shapes are compiled)."})
     seed: int | None = field(default=None, metadata={
         "help": "Each request asks with a seed made of this one, its task, sample and turn: reruns repeat.", "default_text": "none sent"})
     prompts: str | None = field(default=None, metadata={"help": "TOML/JSON file overriding prompt templates."})
