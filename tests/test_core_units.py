@@ -473,7 +473,7 @@ def test_a_subject_that_aborts_is_one_crash_by_signal_with_the_cause_its_stderr_
 
     from drkernel.sandbox.channel import Channel, ChannelClosed
     from drkernel.sandbox.guards import Findings
-    from drkernel.sandbox.judge import SubjectLink
+    from drkernel.sandbox.judge import SubjectLink, _stderr
     from drkernel.schema import Status
 
     (tmp_path / "stderr.txt").write_text(
@@ -501,6 +501,8 @@ def test_a_subject_that_aborts_is_one_crash_by_signal_with_the_cause_its_stderr_
     assert dict(findings.details) == {}  # no exit_called: the candidate called no exit
     with pytest.raises(ProcessLookupError):
         os.kill(pid, 0)  # reaped
+    (tmp_path / "stderr.txt").write_text("free(): invalid size\nFatal Python error: Aborted\n")  # the interpreter's
+    assert _stderr(tmp_path / "stderr.txt")[1] == ["free(): invalid size"]  # the C library saw the heap corrupted
     signalled = []
     monkeypatch.setattr(os, "kill", lambda *args: signalled.append(args))
     assert os.WTERMSIG(link.stop()) == signal.SIGABRT and signalled == []  # its PID may be another's by now

@@ -50,11 +50,12 @@ WALL_FACTOR, WALL_MARGIN_MS = 1.5, 1.0
 SHARE_OF_MEMORY = 0.25  # of the GPU's memory, at most, for one evaluation's trials beside others' (3 at once)
 DEGENERACY_SAMPLE = 1 << 20  # elements of the reference's output kept to judge whether the task is degenerate
 STDERR_TAIL = 3000
-STDERR_CAUSE = re.compile(r"terminate called|what\(\):|CUDA error|\w+Error\b:|Assertion")  # lines worth keeping
+STDERR_CAUSE = re.compile(  # lines worth keeping: C++ and CUDA errors, Python's, the C library's heap checks
+    r"terminate called|what\(\):|CUDA error|\w+Error\b:|Assertion|(?:malloc|free)\(\)|corrupted")
 STDERR_CAUSE_LINES = 6
-ABORT_HINT = ("; on the GPU that is most often a CUDA error raised where it cannot be caught, such as a kernel that "
-              "loaded or stored outside its tensors (an illegal memory access): check each store's size against "
-              "its output")
+ABORT_HINT = ("; most often a kernel that loaded or stored outside its tensors (on the GPU an illegal memory access, "
+              "a CUDA error raised where it cannot be caught; on the CPU a corrupted heap): check each store's size "
+              "against its output")
 PROFILED_CALLS = 3  # profiled forwards, each on inputs of its own
 PROFILE_SHARE_OF_MEMORY = 0.5  # the profile holds the GPU alone, but other evaluations' processes keep their memory
 STOP_WAIT_S = 2.0  # how long the judge waits to learn how the subject ended
@@ -199,7 +200,7 @@ class SubjectLink:
         if status is not None and os.WIFSIGNALED(status):
             sig = os.WTERMSIG(status)
             name = signal.Signals(sig).name if sig in signal.Signals._value2member_map_ else str(sig)
-            hint = ABORT_HINT if sig == signal.SIGABRT and self.device.type == "cuda" else ""
+            hint = ABORT_HINT if sig == signal.SIGABRT else ""
             said = f"; it printed: {' / '.join(causes[:2])}" if causes else ""
             return Failure(Status.CRASHED, "Signal",
                            f"the evaluation process was killed by {name} ({signal.strsignal(sig)}){hint}{said}", tail)
