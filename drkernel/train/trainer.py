@@ -323,11 +323,9 @@ class DrKernelTrainer(trl.GRPOTrainer):
             speedups[i][t] = math.nan if r["speedup"] is None else float(r["speedup"])
         rewards = torch.tensor([r["reward"] for r in rows], dtype=torch.float64)
         coverage = [r["coverage"] for r in rows if r["coverage"] is not None]
-        kind_shares = {k.value: sum(r["kind"] == k for r in rows) / max(len(rows), 1) for k in AnswerKind}
+        kind_shares = _kind_shares(rows)
         # per turn, and the mean advantage the loss gave each kind: what the step pushed towards, beside what it saw
-        turn_kind_shares = [{k.value: sum(r["kind"] == k for r in rows if r["turn"] == turn)
-                             / max(sum(r["turn"] == turn for r in rows), 1) for k in AnswerKind}
-                            for turn in range(1, width + 1)]
+        turn_kind_shares = [_kind_shares([r for r in rows if r["turn"] == turn]) for turn in range(1, width + 1)]
         kept = [(r["kind"], s.advantage) for r, s in zip(rows, signals) if s.kept]
         advantage_by_kind = {k.value: _mean([a for kind, a in kept if kind == k]) for k in AnswerKind}
         reached_turns = torch.tensor(reached).sum(0).clamp(min=1)
@@ -358,6 +356,10 @@ class DrKernelTrainer(trl.GRPOTrainer):
             "time_generation_s": stats.generation_s,
             "time_evaluation_s": stats.evaluation_s,
         }
+
+
+def _kind_shares(rows: list[dict[str, Any]]) -> dict[str, float]:
+    return {k.value: sum(r["kind"] == k for r in rows) / max(len(rows), 1) for k in AnswerKind}
 
 
 def _mean(values: list[float]) -> float | None:
