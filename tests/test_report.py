@@ -144,6 +144,9 @@ def test_turn_table_matches_drkernel_rl(report: Path) -> None:
                 assert close(row[f"Fast@{p} of the turn (%)"], 100 * per_turn[t].item())
                 assert close(row[f"Fast@{p} last turn (%)"], 100 * last)
                 assert close(row[f"Fast@{p} best of history (%)"], 100 * best[t].item())
+                for what, share in (("last turn", last), ("best of history", best[t].item())):
+                    low, high = (number(end) for end in row[f"Fast@{p} {what}, 95% interval"].split("-"))
+                    assert low - 1e-9 <= 100 * share <= high + 1e-9 and 0 <= low <= high <= 100
                 assert int(row["reached"]) == int(reached[:, t].sum())
                 share = (correct[:, t] & reached[:, t]).sum().item() / reached[:, t].sum().item()
                 assert close(row["correct (%)"], 100 * share)
@@ -153,7 +156,25 @@ def test_turn_table_matches_drkernel_rl(report: Path) -> None:
     (stts,) = [r for r in rows if NOT_MEASURED in r["run"]]
     assert stts["run"] == f"Dr. Kernel-14B, STTS {NOT_MEASURED}"
     assert (stts["Fast@1.2 last turn (%)"], stts["Fast@1.2 best of history (%)"]) == ("31.6", "47.8")
-    assert stts["turn"] == stts["Fast@1 last turn (%)"] == ""
+    assert stts["turn"] == stts["Fast@1 last turn (%)"] == stts["Fast@1.2 last turn, 95% interval"] == ""
+
+
+def test_the_interval_over_tasks_draws_tasks_whole() -> None:
+    from drkernel.report.metrics import task_intervals
+
+    # two tasks, one always fast, one never: a draw holds both (mean 1/2), or one twice (0 or 1)
+    hits = torch.tensor([[True], [True], [False], [False]])
+    ((low, high),) = task_intervals(hits, ["a", "a", "b", "b"])
+    assert (low, high) == (0.0, 1.0)
+    # tasks that all agree leave nothing to draw: the interval is the share itself
+    ((low, high),) = task_intervals(torch.tensor([[True], [False]] * 4), ["a", "a", "b", "b", "c", "c", "d", "d"])
+    assert low == high == 0.5
+    # more tasks of the same kind narrow it; the same seed gives the same ends
+    few = task_intervals(torch.tensor([[i % 2 == 0] for i in range(8)]), [str(i) for i in range(8)])
+    many = task_intervals(torch.tensor([[i % 2 == 0] for i in range(200)]), [str(i) for i in range(200)])
+    assert few[0][1] - few[0][0] > 2 * (many[0][1] - many[0][0]) > 0
+    assert few == task_intervals(torch.tensor([[i % 2 == 0] for i in range(8)]), [str(i) for i in range(8)])
+    assert task_intervals(torch.tensor([[True, False]]), ["only"]) == [None, None]
 
 
 def test_outcome_table_counts_each_status_and_hack_reason(report: Path) -> None:

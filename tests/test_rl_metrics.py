@@ -63,6 +63,20 @@ def test_fast_p_best_of_history():
     assert torch.allclose(unmasked, torch.tensor([2 / 4, 4 / 4, 4 / 4], dtype=torch.float64))
 
 
+def test_the_per_trajectory_hits_are_what_the_shares_average():
+    from drkernel.rl.metrics import best_of_history_fast, last_turn_fast
+
+    last = last_turn_fast(SPEEDUPS, CORRECT, 1.2, TURN_MASK)
+    # row 0: turn 1 fast, turn 2 (1.1x) not; row 1: the last valid turn 1 (1.25x) stays last at budget 3
+    assert last.tolist() == [[False, True, False], [True, True, True], [False, False, False], [False] * 3]
+    best = best_of_history_fast(SPEEDUPS, CORRECT, 1.2, TURN_MASK)
+    assert best.tolist() == [[False, True, True], [True, True, True], [False] * 3, [False] * 3]
+    for t in range(3):
+        budget = [row[: t + 1] for row in SPEEDUPS], [row[: t + 1] for row in CORRECT], [row[: t + 1] for row in TURN_MASK]
+        assert fast_p_last_turn(*budget[:2], 1.2, budget[2]) == pytest.approx(last[:, t].double().mean().item())
+    assert torch.equal(fast_p_best_of_history(SPEEDUPS, CORRECT, 1.2, TURN_MASK), best.double().mean(0))
+
+
 def test_fast_0_is_the_correct_rate_measured_or_not():
     speedups = [1.5, 0.1, 2.0, None, math.nan, 0.0]
     correct = [True, True, False, True, True, False]

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -17,17 +17,19 @@ import torch
 from drkernel.agent.records import FORMAT_ERROR
 from drkernel.report.runs import Turn
 from drkernel.rl.metrics import (
+    best_of_history_fast,
     fast_p,
-    fast_p_best_of_history,
-    fast_p_last_turn,
     fast_p_per_turn,
     geometric_mean_speedup,
+    last_turn_fast,
     pass_at_k,
 )
 from drkernel.schema import EvalOptions, Status
 
 FAST_P = (0.0, 1.0, 1.2, 1.5, 2.0)  # the level table's thresholds
 CURVE_P = (1.0, 1.2)  # the per-turn curves' thresholds
+INTERVAL_LEVEL = 0.95
+INTERVAL_DRAWS = 2000  # bootstrap draws: the interval's ends move by well under a point from seed to seed
 OUTCOME_ORDER = (*(status.value for status in Status if status is not Status.HACKED), FORMAT_ERROR)
 
 
@@ -115,10 +117,14 @@ def pass_ks(samples: int) -> list[int]:
     return sorted({2**i for i in range(samples.bit_length())} | {samples})
 
 
+Interval = tuple[float, float]
+
+
 @dataclass(frozen=True)
 class TurnCurves:
     """Per turn t = 1..T: Fast@p of turn t among the trajectories that reached it, of the last turn with a budget
-    of t turns (over all trajectories), and best of history up to t (over all trajectories)."""
+    of t turns (over all trajectories), and best of history up to t (over all trajectories); the last two with their
+    INTERVAL_LEVEL intervals over tasks (`task_intervals`; None with fewer than two tasks)."""
 
     run: str
     reached: list[int]
@@ -126,20 +132,45 @@ class TurnCurves:
     turn: dict[float, list[float]]
     last: dict[float, list[float]]
     best: dict[float, list[float]]
+    last_interval: dict[float, list[Interval | None]] = field(default_factory=dict)
+    best_interval: dict[float, list[Interval | None]] = field(default_factory=dict)
 
 
 def turn_curves(run: str, traj: Trajectories) -> TurnCurves:
     s, ok, reached = traj.speedup, traj.correct, traj.reached
-    width = s.shape[1]
+    tasks = [task for task, _ in traj.keys]
+    last = {p: last_turn_fast(s, ok, p, reached) for p in CURVE_P}
+    best = {p: best_of_history_fast(s, ok, p, reached) for p in CURVE_P}
     return TurnCurves(
         run=run,
         reached=reached.sum(0).tolist(),
         correct=((ok & reached).sum(0).double() / reached.sum(0).double()).tolist(),
         turn={p: fast_p_per_turn(s, ok, p, reached).tolist() for p in CURVE_P},
-        last={p: [fast_p_last_turn(s[:, :t], ok[:, :t], p, reached[:, :t]) for t in range(1, width + 1)]
-              for p in CURVE_P},
-        best={p: fast_p_best_of_history(s, ok, p, reached).tolist() for p in CURVE_P},
+        last={p: hits.double().mean(0).tolist() for p, hits in last.items()},
+        best={p: hits.double().mean(0).tolist() for p, hits in best.items()},
+        last_interval={p: task_intervals(hits, tasks) for p, hits in last.items()},
+        best_interval={p: task_intervals(hits, tasks) for p, hits in best.items()},
     )
+
+
+def task_intervals(hits: torch.Tensor, tasks: list[str], level: float = INTERVAL_LEVEL,
+                   draws: int = INTERVAL_DRAWS, seed: int = 0) -> list[Interval | None]:
+    """Per column of `hits` [N, T] (one row per trajectory, `tasks[i]` its task): the percentile bootstrap interval of
+    the column's mean, drawing tasks with replacement, each with all its samples. So the interval holds both what the
+    samples of a task vary by and which tasks a benchmark of this size happens to hold; seeded, so a report is the
+    same every time it is built. None for every column with fewer than two tasks."""
+    names = sorted(set(tasks))
+    if len(names) < 2:
+        return [None] * hits.shape[1]
+    index = torch.tensor([names.index(task) for task in tasks])
+    sums = torch.zeros(len(names), hits.shape[1], dtype=torch.float64).index_add_(0, index, hits.double())
+    counts = torch.bincount(index, minlength=len(names)).double()
+    picks = torch.randint(len(names), (draws, len(names)), generator=torch.Generator().manual_seed(seed))
+    weights = torch.zeros(draws, len(names), dtype=torch.float64).scatter_add_(
+        1, picks, torch.ones(draws, len(names), dtype=torch.float64))
+    means = (weights @ sums) / (weights @ counts).unsqueeze(1)
+    ends = torch.quantile(means, torch.tensor([(1 - level) / 2, (1 + level) / 2], dtype=torch.float64), dim=0)
+    return [(lo, hi) for lo, hi in zip(ends[0].tolist(), ends[1].tolist())]
 
 
 def outcome(turn: Turn) -> str:

@@ -12,7 +12,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from drkernel.report.metrics import CURVE_P, FAST_P, Kinds, LevelStats, Outcomes, TaskBest, TurnCurves
+from drkernel.report.metrics import CURVE_P, FAST_P, INTERVAL_LEVEL, Kinds, LevelStats, Outcomes, TaskBest, TurnCurves
 from drkernel.report.published import Published
 from drkernel.report.runs import Turn
 from drkernel.rl.kinds import PARTIAL_COVERAGE, AnswerKind
@@ -35,7 +35,7 @@ class Table:
     name: str  # file stem of its .md and .csv
     title: str
     columns: list[str]
-    kinds: list[str]  # per column: "text", "int", "percent" (a share, shown x100), "speedup"
+    kinds: list[str]  # per column: "text", "int", "percent" (a share, shown x100), "interval" (two shares), "speedup"
     rows: list[list[Any]] = field(default_factory=list)
     caption: str = ""
 
@@ -46,6 +46,8 @@ class Table:
             return "-"
         if kind == "percent":
             return f"{100 * value:.1f}"
+        if kind == "interval":
+            return f"{100 * value[0]:.1f}-{100 * value[1]:.1f}"
         if kind == "speedup":
             return f"{value:.3g}x"
         return str(value)
@@ -69,6 +71,8 @@ class Table:
                 return value.href
             if value is None or (isinstance(value, float) and math.isnan(value)):
                 return ""
+            if kind == "interval":
+                return f"{100 * value[0]:.12g}-{100 * value[1]:.12g}"
             return f"{100 * value:.12g}" if kind == "percent" else value
 
         out = io.StringIO()
@@ -108,26 +112,34 @@ def levels_table(stats: list[LevelStats], published: list[Published]) -> Table:
 
 def turns_table(curves: list[TurnCurves], published: list[Published]) -> Table:
     columns, kinds = ["run", "turn", "reached", "correct (%)"], ["text", "int", "int", "percent"]
+    level = f"{100 * INTERVAL_LEVEL:g}%"
     for p in CURVE_P:
-        columns += [f"{p_label(p)} of the turn (%)", f"{p_label(p)} last turn (%)", f"{p_label(p)} best of history (%)"]
-        kinds += ["percent"] * 3
+        columns += [f"{p_label(p)} of the turn (%)", f"{p_label(p)} last turn (%)", f"{p_label(p)} last turn, {level} interval",
+                    f"{p_label(p)} best of history (%)", f"{p_label(p)} best of history, {level} interval"]
+        kinds += ["percent", "percent", "interval", "percent", "interval"]
     table = Table("turns", "Per turn", columns, kinds,
                   caption="Of the turn: among the trajectories that reached it. Last turn: each trajectory's last "
                           "turn within a budget of t turns. Best of history: some turn <= t is correct and fast. "
-                          "The last two are over all trajectories.")
+                          f"The last two are over all trajectories, each with its {level} interval: a bootstrap "
+                          "over tasks, each drawn with all its samples (- with fewer than two tasks).")
     for c in curves:
         for t in range(len(c.reached)):
             row: list[Any] = [c.run, t + 1, c.reached[t], c.correct[t]]
             for p in CURVE_P:
-                row += [c.turn[p][t], c.last[p][t], c.best[p][t]]
+                row += [c.turn[p][t], c.last[p][t], _at(c.last_interval.get(p), t), c.best[p][t],
+                        _at(c.best_interval.get(p), t)]
             table.rows.append(row)
     for entry in published:
         if any(entry.value(kind, p) is not None for kind in ("last", "best") for p in CURVE_P):
             row = [entry.name, None, None, None]
             for p in CURVE_P:
-                row += [None, entry.value("last", p), entry.value("best", p)]
+                row += [None, entry.value("last", p), None, entry.value("best", p), None]
             table.rows.append(row)
     return table
+
+
+def _at(values: list[Any] | None, index: int) -> Any:
+    return values[index] if values else None
 
 
 def outcomes_table(all_outcomes: list[Outcomes]) -> Table:

@@ -54,16 +54,31 @@ def fast_p_per_turn(
     return (fast & valid).sum(0).double() / valid.sum(0).double()
 
 
+def last_turn_fast(
+    speedups: ArrayLike, correct: ArrayLike, p: float, turn_mask: ArrayLike | None = None
+) -> torch.Tensor:
+    """[N, T] bool: with a budget of t turns, the trajectory's last valid turn <= t is correct and fast (no valid turn
+    yet: not fast). The per-trajectory hits whose mean is `fast_p_last_turn`, for intervals over tasks."""
+    fast = _fast(speedups, correct, p, ndim=2)
+    valid = _turn_mask(turn_mask, fast)
+    turns = torch.arange(fast.shape[1], device=fast.device).expand_as(fast)
+    last = torch.where(valid, turns, -1).cummax(1).values
+    return fast.gather(1, last.clamp(min=0)) & (last >= 0)
+
+
 def fast_p_last_turn(
     speedups: ArrayLike, correct: ArrayLike, p: float, turn_mask: ArrayLike | None = None
 ) -> float:
     """Fast@p of each trajectory's last valid turn, over all N trajectories (one with no valid turn is not fast)."""
+    return last_turn_fast(speedups, correct, p, turn_mask)[:, -1].double().mean().item()
+
+
+def best_of_history_fast(
+    speedups: ArrayLike, correct: ArrayLike, p: float, turn_mask: ArrayLike | None = None
+) -> torch.Tensor:
+    """[N, T] bool: some valid turn <= t of the trajectory is correct and fast (`fast_p_best_of_history`'s hits)."""
     fast = _fast(speedups, correct, p, ndim=2)
-    valid = _turn_mask(turn_mask, fast)
-    turns = torch.arange(fast.shape[1], device=fast.device).expand_as(fast)
-    last = torch.where(valid, turns, -1).max(1).values
-    hit = fast.gather(1, last.clamp(min=0).unsqueeze(1)).squeeze(1) & (last >= 0)
-    return hit.double().mean().item()
+    return (fast & _turn_mask(turn_mask, fast)).cummax(1).values
 
 
 def fast_p_best_of_history(
@@ -73,9 +88,7 @@ def fast_p_best_of_history(
 
     A trajectory that ended before t keeps its best result, so the curve is non-decreasing.
     """
-    fast = _fast(speedups, correct, p, ndim=2)
-    hit = fast & _turn_mask(turn_mask, fast)
-    return hit.int().cummax(1).values.double().mean(0)
+    return best_of_history_fast(speedups, correct, p, turn_mask).double().mean(0)
 
 
 def pass_at_k(
