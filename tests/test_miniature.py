@@ -209,7 +209,7 @@ def test_rl_configs_load_and_keep_small_updates():
     gpu = load_config(REPO / "examples" / "mini" / "rl_gpu.yaml", ["model=m", "validation_tasks=v", "bf16=false"])
     assert (gpu.model_dtype, gpu.turns, gpu.max_new_tokens, gpu.save_steps, gpu.lora_rank) == ("float32", 3, 1600, 1, 8)
     assert gpu.grpo_config().generation_batch_size == 16  # 2 prompts x 8 samples, whole groups for TRL
-    assert (gpu.rollout_dtype, gpu.mrs_on, gpu.max_steps, gpu.learning_rate) == ("bfloat16", False, 16, 1e-4)
+    assert (gpu.rollout_dtype, gpu.mrs_on, gpu.max_steps, gpu.learning_rate) == ("bfloat16", False, 10, 5e-4)
     cpu = load_config(REPO / "examples" / "mini" / "rl_cpu.yaml", ["model=m", "validation_tasks=v"])
     assert cpu.grpo_config().generation_batch_size == 2
     with pytest.raises(ConfigError, match="model_dtype must be auto, float32 or bfloat16, not 'float16'"):
