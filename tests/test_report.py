@@ -145,7 +145,7 @@ def test_turn_table_matches_drkernel_rl(report: Path) -> None:
                 assert close(row[f"Fast@{p} last turn (%)"], 100 * last)
                 assert close(row[f"Fast@{p} best of history (%)"], 100 * best[t].item())
                 for what, share in (("last turn", last), ("best of history", best[t].item())):
-                    low, high = (number(end) for end in row[f"Fast@{p} {what}, 95% interval"].split("-"))
+                    low, high = (number(end) for end in row[f"Fast@{p} {what}, 95% interval"].split(" to "))
                     assert low - 1e-9 <= 100 * share <= high + 1e-9 and 0 <= low <= high <= 100
                 assert int(row["reached"]) == int(reached[:, t].sum())
                 share = (correct[:, t] & reached[:, t]).sum().item() / reached[:, t].sum().item()
@@ -440,3 +440,35 @@ def test_the_report_says_which_precision_rule_each_run_was_judged_by() -> None:
     note = precision_note([old, new, nested])
     assert "old: tolerance (made before the rule existed)" in note and "new: matched" in note
     assert "nested: tolerance;" not in note and "nested: tolerance." in note
+
+
+def test_differences_pair_each_task_with_itself() -> None:
+    from drkernel.report.metrics import Trajectories, paired_differences
+    from drkernel.report.runs import Turn
+    from drkernel.report.tables import differences_table
+
+    def turns(plan: dict[str, list[list[float | None]]]) -> Trajectories:
+        """task -> per sample, the speedup of each turn (None: incorrect)."""
+        return Trajectories.of([
+            Turn(task, None, sample, t, "correct" if s else "incorrect", s is not None, s or math.nan, math.nan, (),
+                 0.0, None, False)
+            for task, samples in plan.items() for sample, speedups in enumerate(samples)
+            for t, s in enumerate(speedups, 1)])
+
+    base = turns({"a": [[1.0, 2.0], [1.0, 1.0]], "b": [[2.0, 2.0], [2.0, 2.0]], "c": [[None, None], [None, None]]})
+    other = turns({"a": [[2.0], [2.0]], "b": [[2.0], [2.0]], "c": [[None], [None]], "d": [[9.0], [9.0]]})
+    rows = {(d.p, d.measure): d for d in paired_differences("other", other, "base", base)}
+    first, last, best = (rows[(1.2, m)] for m in ("first turn", "last turn", "best of history"))
+    assert first.tasks == 3  # d is the other run's alone: not paired
+    assert (first.share, first.share_against, first.difference) == pytest.approx((2 / 3, 1 / 3, 1 / 3))
+    assert (first.better, first.worse, first.same) == (1, 0, 2)
+    # the base's task a ends fast in one sample of two; the other run's in both
+    assert (last.share_against, last.difference) == pytest.approx((1 / 2, 1 / 6))
+    assert (best.share_against, best.difference) == pytest.approx((1 / 2, 1 / 6))
+    low, high = first.interval
+    assert 0.0 <= low <= first.difference <= high <= 1.0
+    assert paired_differences("other", turns({"a": [[2.0]], "z": [[2.0]]}), "base", base) == []
+    worse = paired_differences("base", base, "other", other)
+    shown = differences_table(worse).markdown()
+    assert "| base | other | Fast@1.2 first turn | 3 | 33.3 | 66.7 | -33.3 |" in shown
+    assert f"{100 * worse[3].interval[0]:.1f} to {100 * worse[3].interval[1]:.1f}" in shown

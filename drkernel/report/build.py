@@ -19,6 +19,7 @@ from drkernel.report.metrics import (
     lazy_threshold,
     level_stats,
     outcomes,
+    paired_differences,
     task_bests,
     turn_curves,
 )
@@ -27,6 +28,7 @@ from drkernel.report.runs import Run, read_run
 from drkernel.report.tables import (
     Table,
     TurnKey,
+    differences_table,
     kinds_table,
     levels_table,
     outcomes_table,
@@ -92,6 +94,10 @@ def _bench_sections(report: Report, bench: list[Run]) -> None:
         kinds_table(kinds),
         tasks_table([r.turns_name for r in bench], bests, code_paths),
     ]
+    differences = [d for r, t in zip(bench[1:], trajs[1:])
+                   for d in paired_differences(r.turns_name, t, bench[0].turns_name, trajs[0])]
+    if differences:
+        report.tables.append(differences_table(differences))
     interpreter = any(t.interpreter for r in bench for t in r.turns)
     if interpreter:
         report.notes.append("Some timings come from Triton's interpreter on the CPU: their speedups, and so Fast@p "

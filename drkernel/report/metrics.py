@@ -173,6 +173,59 @@ def task_intervals(hits: torch.Tensor, tasks: list[str], level: float = INTERVAL
     return [(lo, hi) for lo, hi in zip(ends[0].tolist(), ends[1].tolist())]
 
 
+@dataclass(frozen=True)
+class Difference:
+    """One measure of a run against the report's first run, over the tasks both hold: shares over each run's own
+    trajectories, the difference of the per-task means, its INTERVAL_LEVEL interval (bootstrap over the shared
+    tasks, paired: a draw takes a task for both runs) and how many tasks went up, down or stayed."""
+
+    run: str
+    against: str
+    p: float
+    measure: str  # "first turn", "last turn", "best of history"
+    tasks: int
+    share: float
+    share_against: float
+    difference: float
+    interval: Interval | None
+    better: int
+    worse: int
+    same: int
+
+
+DIFFERENCE_MEASURES = ("first turn", "last turn", "best of history")
+
+
+def paired_differences(run: str, traj: Trajectories, against: str, base: Trajectories) -> list[Difference]:
+    """Each measure of DIFFERENCE_MEASURES at each CURVE_P, `run` against `against`; none with fewer than two
+    shared tasks (nothing to pair)."""
+    shared = sorted({task for task, _ in traj.keys} & {task for task, _ in base.keys})
+    if len(shared) < 2:
+        return []
+    rows = []
+    for p in CURVE_P:
+        mine, theirs = _task_means(traj, p, shared), _task_means(base, p, shared)
+        for measure in DIFFERENCE_MEASURES:
+            change = mine[measure] - theirs[measure]
+            (interval,) = task_intervals(change.unsqueeze(1), shared)
+            rows.append(Difference(
+                run=run, against=against, p=p, measure=measure, tasks=len(shared),
+                share=mine[measure].mean().item(), share_against=theirs[measure].mean().item(),
+                difference=change.mean().item(), interval=interval, better=int((change > 0).sum()),
+                worse=int((change < 0).sum()), same=int((change == 0).sum())))
+    return rows
+
+
+def _task_means(traj: Trajectories, p: float, tasks: list[str]) -> dict[str, torch.Tensor]:
+    """Per measure, [len(tasks)]: the share of each task's trajectories that are fast at p."""
+    last = last_turn_fast(traj.speedup, traj.correct, p, traj.reached)
+    hits = {"first turn": last[:, 0], "last turn": last[:, -1],
+            "best of history": best_of_history_fast(traj.speedup, traj.correct, p, traj.reached)[:, -1]}
+    rows = {task: [i for i, (name, _) in enumerate(traj.keys) if name == task] for task in tasks}
+    return {measure: torch.stack([values[rows[task]].double().mean() for task in tasks])
+            for measure, values in hits.items()}
+
+
 def outcome(turn: Turn) -> str:
     """The turn's outcome category: its status, with hacked split by its first hack reason."""
     if turn.status == Status.HACKED:

@@ -12,7 +12,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from drkernel.report.metrics import CURVE_P, FAST_P, INTERVAL_LEVEL, Kinds, LevelStats, Outcomes, TaskBest, TurnCurves
+from drkernel.report.metrics import CURVE_P, FAST_P, INTERVAL_LEVEL, Difference, Kinds, LevelStats, Outcomes, TaskBest, TurnCurves
 from drkernel.report.published import Published
 from drkernel.report.runs import Turn
 from drkernel.rl.kinds import PARTIAL_COVERAGE, AnswerKind
@@ -35,7 +35,7 @@ class Table:
     name: str  # file stem of its .md and .csv
     title: str
     columns: list[str]
-    kinds: list[str]  # per column: "text", "int", "percent" (a share, shown x100), "interval" (two shares), "speedup"
+    kinds: list[str]  # per column: "text", "int", "percent" (a share, shown x100), "interval" (two shares, "LOW to HIGH"), "speedup"
     rows: list[list[Any]] = field(default_factory=list)
     caption: str = ""
 
@@ -47,7 +47,7 @@ class Table:
         if kind == "percent":
             return f"{100 * value:.1f}"
         if kind == "interval":
-            return f"{100 * value[0]:.1f}-{100 * value[1]:.1f}"
+            return f"{100 * value[0]:.1f} to {100 * value[1]:.1f}"
         if kind == "speedup":
             return f"{value:.3g}x"
         return str(value)
@@ -72,7 +72,7 @@ class Table:
             if value is None or (isinstance(value, float) and math.isnan(value)):
                 return ""
             if kind == "interval":
-                return f"{100 * value[0]:.12g}-{100 * value[1]:.12g}"
+                return f"{100 * value[0]:.12g} to {100 * value[1]:.12g}"
             return f"{100 * value:.12g}" if kind == "percent" else value
 
         out = io.StringIO()
@@ -140,6 +140,23 @@ def turns_table(curves: list[TurnCurves], published: list[Published]) -> Table:
 
 def _at(values: list[Any] | None, index: int) -> Any:
     return values[index] if values else None
+
+
+def differences_table(differences: list[Difference]) -> Table:
+    level = f"{100 * INTERVAL_LEVEL:g}%"
+    table = Table("differences", "Against the first run, task by task",
+                  ["run", "against", "measure", "tasks", "run (%)", "against (%)", "difference (points)",
+                   f"{level} interval (points)", "tasks better / worse / same"],
+                  ["text", "text", "text", "int", "percent", "percent", "percent", "interval", "text"],
+                  caption="Over the tasks both runs hold. First turn, last turn (each trajectory's last) and best "
+                          "of history (some turn correct and fast), each run over its own samples and turns; the "
+                          "difference is the mean over tasks of the per-task differences, its interval a bootstrap "
+                          "over tasks that draws each task for both runs at once (paired). Better / worse / same: "
+                          "tasks whose share went up, down or stayed.")
+    for d in differences:
+        table.rows.append([d.run, d.against, f"{p_label(d.p)} {d.measure}", d.tasks, d.share, d.share_against,
+                           d.difference, d.interval, f"{d.better} / {d.worse} / {d.same}"])
+    return table
 
 
 def outcomes_table(all_outcomes: list[Outcomes]) -> Table:
