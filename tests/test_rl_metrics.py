@@ -72,8 +72,8 @@ def test_the_per_trajectory_hits_are_what_the_shares_average():
     best = best_of_history_fast(SPEEDUPS, CORRECT, 1.2, TURN_MASK)
     assert best.tolist() == [[False, True, True], [True, True, True], [False] * 3, [False] * 3]
     for t in range(3):
-        budget = [row[: t + 1] for row in SPEEDUPS], [row[: t + 1] for row in CORRECT], [row[: t + 1] for row in TURN_MASK]
-        assert fast_p_last_turn(*budget[:2], 1.2, budget[2]) == pytest.approx(last[:, t].double().mean().item())
+        speedups, correct, mask = ([row[: t + 1] for row in rows] for rows in (SPEEDUPS, CORRECT, TURN_MASK))
+        assert fast_p_last_turn(speedups, correct, 1.2, mask) == pytest.approx(last[:, t].double().mean().item())
     assert torch.equal(fast_p_best_of_history(SPEEDUPS, CORRECT, 1.2, TURN_MASK), best.double().mean(0))
 
 

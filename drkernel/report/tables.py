@@ -12,7 +12,17 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from drkernel.report.metrics import CURVE_P, FAST_P, INTERVAL_LEVEL, Difference, Kinds, LevelStats, Outcomes, TaskBest, TurnCurves
+from drkernel.report.metrics import (
+    CURVE_P,
+    FAST_P,
+    INTERVAL_LEVEL,
+    Difference,
+    Kinds,
+    LevelStats,
+    Outcomes,
+    TaskBest,
+    TurnCurves,
+)
 from drkernel.report.published import Published
 from drkernel.report.runs import Turn
 from drkernel.rl.kinds import PARTIAL_COVERAGE, AnswerKind
@@ -35,7 +45,8 @@ class Table:
     name: str  # file stem of its .md and .csv
     title: str
     columns: list[str]
-    kinds: list[str]  # per column: "text", "int", "percent" (a share, shown x100), "interval" (two shares, "LOW to HIGH"), "speedup"
+    # per column: "text", "int", "percent" (a share, shown x100), "interval" (two shares: "LOW to HIGH"), "speedup"
+    kinds: list[str]
     rows: list[list[Any]] = field(default_factory=list)
     caption: str = ""
 
@@ -114,8 +125,9 @@ def turns_table(curves: list[TurnCurves], published: list[Published]) -> Table:
     columns, kinds = ["run", "turn", "reached", "correct (%)"], ["text", "int", "int", "percent"]
     level = f"{100 * INTERVAL_LEVEL:g}%"
     for p in CURVE_P:
-        columns += [f"{p_label(p)} of the turn (%)", f"{p_label(p)} last turn (%)", f"{p_label(p)} last turn, {level} interval",
-                    f"{p_label(p)} best of history (%)", f"{p_label(p)} best of history, {level} interval"]
+        label = p_label(p)
+        columns += [f"{label} of the turn (%)", f"{label} last turn (%)", f"{label} last turn, {level} interval",
+                    f"{label} best of history (%)", f"{label} best of history, {level} interval"]
         kinds += ["percent", "percent", "interval", "percent", "interval"]
     table = Table("turns", "Per turn", columns, kinds,
                   caption="Of the turn: among the trajectories that reached it. Last turn: each trajectory's last "

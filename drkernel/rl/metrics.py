@@ -78,7 +78,7 @@ def best_of_history_fast(
 ) -> torch.Tensor:
     """[N, T] bool: some valid turn <= t of the trajectory is correct and fast (`fast_p_best_of_history`'s hits)."""
     fast = _fast(speedups, correct, p, ndim=2)
-    return (fast & _turn_mask(turn_mask, fast)).cummax(1).values
+    return (fast & _turn_mask(turn_mask, fast)).int().cummax(1).values.bool()
 
 
 def fast_p_best_of_history(

@@ -168,7 +168,6 @@ class StateGuard:
                 "reference's numerics and speed; leave them as they are.",
             )
 
-
     def _dynamo_wrapped(self, value: Any) -> bool:
         """torch._dynamo's first import replaces torch.manual_seed by `torch._disable_dynamo(torch.manual_seed)`, and
         candidates may import it (torch.library does): that wrapper is no patch when it runs the wrapper's own code
