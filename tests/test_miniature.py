@@ -118,7 +118,7 @@ def test_per_gpu_puts_several_runs_on_each_gpu(tmp_path):
 def test_sft_without_a_base_builds_a_policy_from_scratch(tmp_path):
     """The cpu profile's other start: a tokenizer trained on the rows and a random policy, then a bf16 checkpoint."""
     from drkernel.train.policy import PolicyShape
-    from drkernel.train.sft import SFTRunConfig, run_sft
+    from drkernel.train.sft import SFTRunConfig, run_sft, weights_digest
 
     turns = [{"role": "user", "content": "write ModelNew"}, {"role": "assistant", "content": "class ModelNew: pass"}]
     (tmp_path / "sft.jsonl").write_text(json.dumps({"messages": turns}) + "\n")
@@ -128,6 +128,13 @@ def test_sft_without_a_base_builds_a_policy_from_scratch(tmp_path):
     assert summary["trained_parameters"] == summary["parameters"]  # all of them, without LoRA
     assert (tmp_path / "out" / "policy" / "tokenizer.json").exists()
     assert json.loads((tmp_path / "out" / "final" / "config.json").read_text())["dtype"] == "bfloat16"
+    # the digest covers every weight file's bytes: the same rows, seed and machine give the same policy again
+    again = run_sft(SFTRunConfig(str(tmp_path / "sft.jsonl"), str(tmp_path / "again"), PolicyShape(vocab_size=300),
+                                 max_steps=1, use_cpu=True, per_device_train_batch_size=1, logging_steps=1))
+    assert again["weights_sha256"] == summary["weights_sha256"] == weights_digest(tmp_path / "out" / "final")
+    weights = next((tmp_path / "again" / "final").glob("*.safetensors"))
+    weights.write_bytes(weights.read_bytes()[:-1] + b"x")
+    assert weights_digest(tmp_path / "again" / "final") != summary["weights_sha256"]
 
 
 @pytest.mark.slow

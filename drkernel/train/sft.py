@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import hashlib
 import json
 import statistics
 import time
@@ -158,9 +159,23 @@ def run_sft(config: SFTRunConfig) -> dict[str, Any]:
         "duration_s": round(time.perf_counter() - started, 1),
         "final": str(final),
         "largest_file_bytes": max(path.stat().st_size for path in final.iterdir()),
+        "weights_sha256": weights_digest(final),
     }
     (out / SUMMARY).write_text(json.dumps(summary, indent=1) + "\n")
     return summary
+
+
+def weights_digest(folder: Path) -> str:
+    """sha256 over the saved weights (every *.safetensors, in name order): a policy rebuilt from the same seeds and
+    data in another lease is the same policy exactly when the digests agree, and an adapter trained over one then
+    fits the other (docs/experiments.md, "The runs on the GPU")."""
+    digest = hashlib.sha256()
+    for path in sorted(folder.glob("*.safetensors")):
+        digest.update(path.name.encode() + b"\0")
+        with path.open("rb") as handle:
+            while block := handle.read(1 << 20):
+                digest.update(block)
+    return digest.hexdigest()
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -190,7 +205,8 @@ def main(argv: list[str] | None = None) -> None:
         summary = run_sft(config)
     except (ValueError, FileExistsError, OSError) as exc:
         parser.exit(2, f"error: {exc}\n")
-    print(json.dumps({key: summary[key] for key in ("rows", "parameters", "steps", "duration_s", "final")}))
+    print(json.dumps({key: summary[key] for key in ("rows", "parameters", "steps", "duration_s", "final",
+                                                    "weights_sha256")}))
 
 
 if __name__ == "__main__":
