@@ -152,7 +152,8 @@ def subject_main(job: dict[str, Any], scratch: Path, conn: Any, device: torch.de
         os.chdir(scratch)
         # inductor's cache inside the scratch space too: torch._dynamo's import (torch.library's, for a candidate)
         # makes it, at TORCHINDUCTOR_CACHE_DIR when the supervisor's environment names one
-        os.environ.update(HOME=str(scratch), TMPDIR=str(scratch), TORCHINDUCTOR_CACHE_DIR=str(scratch / "torchinductor"))
+        os.environ.update(HOME=str(scratch), TMPDIR=str(scratch),
+                          TORCHINDUCTOR_CACHE_DIR=str(scratch / "torchinductor"))
         tempfile.tempdir = str(scratch)
         _prepare(device)
         confine.confine(str(scratch), job["triton_cache"], private_proc)
