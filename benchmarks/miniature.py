@@ -21,7 +21,8 @@ Stages, in order (`all` runs them all):
   bench     the SFT policy (a) and the three RL policies on the test split (`drkernel bench`) -> ROOT/bench/NAME
   stts      (a) and (d) over more turns, topk context -> ROOT/stts/NAME
   transfer  every policy on the KernelBench level-1 problems of the same kinds -> ROOT/transfer/NAME
-  report    `drkernel report` over each stage's run folders -> ROOT/report/STAGE
+  report    `drkernel report` over each stage's run folders, the SFT policy's first (the differences table sets
+            each policy against it) -> ROOT/report/STAGE
 
 Every RL policy is a LoRA adapter of a few MB over the SFT policy (`hf:` merges the chain), so what a GPU call must
 bring back to go on in a later one is small (docs/experiments.md, "The runs on the GPU").
@@ -274,8 +275,11 @@ class Pipeline:
 
     def report(self) -> list[Step]:
         steps = []
+        order = {name: index for index, name in enumerate(POLICIES)}
         for stage in ("probe", "rl", "bench", "stts", "transfer"):
-            runs = sorted(str(path) for path in (self.root / stage).glob("*") if path.is_dir())
+            # the SFT policy first: the report's differences table sets each run against the first
+            runs = [str(path) for path in sorted((p for p in (self.root / stage).glob("*") if p.is_dir()),
+                                                 key=lambda p: (order.get(p.name, len(order)), p.name))]
             if runs or self.dry_run:
                 paper = [] if stage == "transfer" else ["--no-paper"]  # the paper's numbers are KernelBench's
                 steps.append(Step(f"report {stage}", CLI, ["report", *(runs or [f"{self.root}/{stage}/*"]),

@@ -99,6 +99,8 @@ def test_candidate_sees_no_secrets_no_network_and_a_private_directory(sandbox: S
         leaked = [k for k in os.environ if 'SECRET' in k or 'TOKEN' in k]
         if leaked: raise RuntimeError('leaked ' + ','.join(leaked))
         if os.getcwd() != tempfile.gettempdir(): raise RuntimeError('shared cwd ' + os.getcwd())
+        inductor = os.environ.get('TORCHINDUCTOR_CACHE_DIR', '')
+        if not inductor.startswith(os.getcwd()): raise RuntimeError('inductor cache outside: ' + inductor)
         try:
             socket.create_connection(('127.0.0.1', 9), timeout=1)
         except OSError as exc:
@@ -106,6 +108,7 @@ def test_candidate_sees_no_secrets_no_network_and_a_private_directory(sandbox: S
         raise RuntimeError('network: connected')""")
     monkeypatch.setenv("DRKERNEL_TEST_SECRET", "hunter2")
     monkeypatch.setenv("HF_TOKEN", "hf_abc")
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "/tmp/drkernel-test-shared-inductor")  # passed on, but not used
     box = Sandbox(device=DEVICE, gpu="0" if DEVICE == "cuda" else None)  # a new fork server started with the secrets in the supervisor's environment
     try:
         result = box.evaluate(EvalRequest(REFERENCE, probe, options()))

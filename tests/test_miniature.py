@@ -199,6 +199,9 @@ def test_tiny_pipeline_on_the_cpu(tmp_path, capsys):
         assert [(r["task"], r["turn"]) for r in probe] == [(next((root / "train" / "tasks").glob("1_*.py")).stem, 1)]
     for stage in ("probe", "rl", "bench", "stts", "transfer"):
         assert (root / "report" / stage / "report.html").stat().st_size > 0
+    # each bench stage's policies against the SFT policy (a), on the tasks they share
+    differences = (root / "report" / "bench" / "tables" / "differences.csv").read_text().splitlines()
+    assert [line.split(",")[:2] for line in differences[1::6]] == [["grpo", "sft"], ["trloo", "sft"], ["recipe", "sft"]]
 
     # a second call finds everything done; a run without its final model resumes from its checkpoint
     capsys.readouterr()
