@@ -150,8 +150,8 @@ def subject_main(job: dict[str, Any], scratch: Path, conn: Any, device: torch.de
         isolate.detach(judge_pid, new_session=False)  # dies with the judge, stays in its process group
         isolate.redirect_output(str(scratch))
         os.chdir(scratch)
-        # inductor's cache inside the scratch space too: torch._dynamo's import (torch.library's, for a candidate)
-        # makes it, at TORCHINDUCTOR_CACHE_DIR when the supervisor's environment names one
+        # inductor's cache inside the scratch space too: TORCHINDUCTOR_CACHE_DIR comes from the supervisor or from
+        # the fork server's own import of torch._dynamo, and what the candidate compiles would be written there
         os.environ.update(HOME=str(scratch), TMPDIR=str(scratch),
                           TORCHINDUCTOR_CACHE_DIR=str(scratch / "torchinductor"))
         tempfile.tempdir = str(scratch)
