@@ -559,4 +559,3 @@ def test_the_subject_hands_its_staged_buffers_to_the_candidate_as_new_views_each
     after_second = second[0]._version
     third = subject._timed_inputs({"staged": True}, [])
     assert version < after_second < third[0]._version
-

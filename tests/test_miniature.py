@@ -133,7 +133,8 @@ def test_sft_without_a_base_builds_a_policy_from_scratch(tmp_path):
                                  max_steps=1, use_cpu=True, per_device_train_batch_size=1, logging_steps=1))
     assert again["weights_sha256"] == summary["weights_sha256"] == weights_digest(tmp_path / "out" / "final")
     weights = next((tmp_path / "again" / "final").glob("*.safetensors"))
-    weights.write_bytes(weights.read_bytes()[:-1] + b"x")
+    data = weights.read_bytes()
+    weights.write_bytes(data[:-1] + bytes([data[-1] ^ 0xFF]))  # one byte changed
     assert weights_digest(tmp_path / "again" / "final") != summary["weights_sha256"]
 
 
