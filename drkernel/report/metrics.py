@@ -162,9 +162,7 @@ def task_intervals(hits: torch.Tensor, tasks: list[str], level: float = INTERVAL
     names = sorted(set(tasks))
     if len(names) < 2:
         return [None] * hits.shape[1]
-    index = torch.tensor([names.index(task) for task in tasks])
-    sums = torch.zeros(len(names), hits.shape[1], dtype=torch.float64).index_add_(0, index, hits.double())
-    counts = torch.bincount(index, minlength=len(names)).double()
+    sums, counts = _task_totals(hits, tasks, names)
     picks = torch.randint(len(names), (draws, len(names)), generator=torch.Generator().manual_seed(seed))
     weights = torch.zeros(draws, len(names), dtype=torch.float64).scatter_add_(
         1, picks, torch.ones(draws, len(names), dtype=torch.float64))
@@ -219,11 +217,20 @@ def paired_differences(run: str, traj: Trajectories, against: str, base: Traject
 def _task_means(traj: Trajectories, p: float, tasks: list[str]) -> dict[str, torch.Tensor]:
     """Per measure, [len(tasks)]: the share of each task's trajectories that are fast at p."""
     last = last_turn_fast(traj.speedup, traj.correct, p, traj.reached)
-    hits = {"first turn": last[:, 0], "last turn": last[:, -1],
-            "best of history": best_of_history_fast(traj.speedup, traj.correct, p, traj.reached)[:, -1]}
-    rows = {task: [i for i, (name, _) in enumerate(traj.keys) if name == task] for task in tasks}
-    return {measure: torch.stack([values[rows[task]].double().mean() for task in tasks])
-            for measure, values in hits.items()}
+    best = best_of_history_fast(traj.speedup, traj.correct, p, traj.reached)
+    hits = torch.stack([last[:, 0], last[:, -1], best[:, -1]], dim=1)  # in DIFFERENCE_MEASURES' order
+    wanted = set(tasks)
+    rows = [i for i, (task, _) in enumerate(traj.keys) if task in wanted]
+    sums, counts = _task_totals(hits[rows], [traj.keys[i][0] for i in rows], tasks)
+    return dict(zip(DIFFERENCE_MEASURES, (sums / counts.unsqueeze(1)).T))
+
+
+def _task_totals(hits: torch.Tensor, tasks: list[str], names: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per task of `names`: its trajectories' rows of `hits` summed ([len(names), T]) and how many there are."""
+    position = {name: i for i, name in enumerate(names)}
+    index = torch.tensor([position[task] for task in tasks], dtype=torch.long)
+    sums = torch.zeros(len(names), hits.shape[1], dtype=torch.float64).index_add_(0, index, hits.double())
+    return sums, torch.bincount(index, minlength=len(names)).double()
 
 
 def outcome(turn: Turn) -> str:
