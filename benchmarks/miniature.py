@@ -30,16 +30,19 @@ bring back to go on in a later one is small (docs/experiments.md, "The runs on t
 Every step is a `drkernel` (or `python -m drkernel...`) command line, printed before it runs; `--dry-run` only
 prints them. A stage skips what is already done and continues what a killed call left (`drkernel train --resume`
 from the last checkpoint, `drkernel bench --resume`), so a stage longer than one device call is the same command
-run again. With `--gpus N` (N >= 1) the independent runs of a stage (the RL runs, the policies benched) run as
-processes, N at a time, each alone on one GPU (CUDA_VISIBLE_DEVICES) with its own embedded evaluator; with
-`--gpus 0` they run one after another in this process (the CPU profile, the test suite). `--time-limit-s` stops
-the processes still running at that time (their checkpoints stay) and exits 3, to rerun later.
+run again. With `--gpus N` (N >= 1) the per-policy stages asked for together (rl, probe, bench, stts, transfer)
+are one pool of runs, each a process alone on one GPU (of CUDA_VISIBLE_DEVICES where it is set) with its own
+embedded evaluator: a GPU whose run ended takes the next run, in stage order, whose policy exists (on four GPUs
+the SFT policy's bench runs while the three RL runs train, and each RL policy's bench starts when its run ends).
+With `--gpus 0` they run one after another in this process (the CPU profile, the test suite). `--time-limit-s`
+stops the processes still running at that time (their checkpoints stay) and exits 3, to rerun later.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import importlib
 import json
 import os
@@ -48,8 +51,10 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import IO
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))  # drkernel from this checkout, also where it is not installed (the GPU machine)
@@ -64,6 +69,8 @@ RL_RUNS = (
 POLICIES = ("sft",) + tuple(name for name, _ in RL_RUNS)
 STTS_POLICIES = ("sft", "recipe")  # (a) and (d)
 INCOMPLETE = 3  # exit status: the time limit stopped runs that a rerun continues
+PER_POLICY = ("rl", "probe", "bench", "stts", "transfer")  # the stages with a run per policy
+POLL_S = 0.2  # how often the pool looks at its processes
 
 
 @dataclass(frozen=True)
@@ -140,6 +147,21 @@ def _finished(out: Path) -> bool:
     return summary.get("planned_trajectories", 0) > 0 and summary.get("incomplete_trajectories") == 0
 
 
+@dataclass(frozen=True)
+class Job:
+    """A stage's run for one policy in the pool: made into its command line only when a GPU takes it, since a
+    bench's line depends on what is on disk then (`--resume`, or nothing to do)."""
+
+    stage: str
+    policy: str  # "" for a stage run once
+    make: Callable[[], list[Step]]
+    needs: Path | None = None  # the RL policy it runs: the job waits while `rl POLICY` is pending or running
+
+    @property
+    def name(self) -> str:
+        return f"{self.stage} {self.policy}".strip()
+
+
 @dataclass
 class Step:
     """One command line: `python -m MODULE ARGS`, where MODULE is drkernel's CLI or a drkernel script module."""
@@ -161,7 +183,7 @@ class Pipeline:
                  per_gpu: int = 1, policies: tuple[str, ...] = POLICIES, base: str | None = None) -> None:
         self.root, self.p, self.gpus, self.dry_run, self.per_gpu = root, profile, gpus, dry_run, per_gpu
         self.base_source = base  # --base
-        self.policies = tuple(name for name in POLICIES if name in policies)  # trained, benched, stts'd, transferred
+        self.policies = tuple(dict.fromkeys(policies))  # trained, benched, stts'd, transferred; in this order
         self.deadline = time.monotonic() + time_limit_s if time_limit_s else None
         self.incomplete: list[str] = []
 
@@ -212,21 +234,19 @@ class Pipeline:
     def policy_path(self, name: str) -> Path:
         return self.root / ("sft" if name == "sft" else f"rl/{name}") / "final"
 
-    def rl(self) -> list[Step]:
-        steps = []
-        for name, settings in RL_RUNS:
-            out = self.root / "rl" / name
-            if name not in self.policies or (out / "final").exists():
-                continue
-            args = ["train", "--config", str(REPO / self.p.rl_config), "--set", f"model={self.policy_path('sft')}",
-                    "--set", f"tasks={self.root / 'train' / 'tasks'}",
-                    "--set", f"validation_tasks={self.root / 'validation' / 'tasks'}", "--set", f"output_dir={out}"]
-            for setting in (*settings, *self.p.rl_settings):
-                args += ["--set", setting]
-            if any(out.glob("checkpoint-*")):
-                args.append("--resume")
-            steps.append(Step(f"rl {name}", CLI, args))
-        return steps
+    def rl(self, name: str) -> list[Step]:
+        settings = dict(RL_RUNS).get(name)
+        out = self.root / "rl" / name
+        if settings is None or (out / "final").exists():
+            return []
+        args = ["train", "--config", str(REPO / self.p.rl_config), "--set", f"model={self.policy_path('sft')}",
+                "--set", f"tasks={self.root / 'train' / 'tasks'}",
+                "--set", f"validation_tasks={self.root / 'validation' / 'tasks'}", "--set", f"output_dir={out}"]
+        for setting in (*settings, *self.p.rl_settings):
+            args += ["--set", setting]
+        if any(out.glob("checkpoint-*")):
+            args.append("--resume")
+        return [Step(f"rl {name}", CLI, args)]
 
     def _bench(self, name: str, policy: str, tasks: str, out: Path, turns: int, context: str, samples: int,
                extra: tuple[str, ...] = ()) -> list[Step]:
@@ -247,31 +267,21 @@ class Pipeline:
                      *self.p.eval_args]
         return [Step(name, CLI, args)]
 
-    def probe(self) -> list[Step]:
-        steps = []
-        for name in self.policies:
-            if name != "sft" and not self.dry_run and not self.policy_path(name).exists():
-                print(f"[probe] {name}: not trained yet, left for a later call", flush=True)
-                continue
-            steps += self._bench(f"probe {name}", name, str(self.root / "train" / "tasks"), self.root / "probe" / name,
-                                 1, "full", self.p.probe_samples, ("--problems", f"1-{self.p.probe_tasks}"))
-        return steps
+    def probe(self, name: str) -> list[Step]:
+        return self._bench(f"probe {name}", name, str(self.root / "train" / "tasks"), self.root / "probe" / name, 1,
+                           "full", self.p.probe_samples, ("--problems", f"1-{self.p.probe_tasks}"))
 
-    def bench(self) -> list[Step]:
-        return [step for name in self.policies
-                for step in self._bench(f"bench {name}", name, str(self.root / "test" / "tasks"),
-                                        self.root / "bench" / name, self.p.bench_turns, "full", self.p.bench_samples)]
+    def bench(self, name: str) -> list[Step]:
+        return self._bench(f"bench {name}", name, str(self.root / "test" / "tasks"), self.root / "bench" / name,
+                           self.p.bench_turns, "full", self.p.bench_samples)
 
-    def stts(self) -> list[Step]:
-        return [step for name in self.policies if name in STTS_POLICIES
-                for step in self._bench(f"stts {name}", name, str(self.root / "test" / "tasks"),
-                                        self.root / "stts" / name, self.p.stts_turns, self.p.stts_context,
-                                        self.p.stts_samples)]
+    def stts(self, name: str) -> list[Step]:
+        return self._bench(f"stts {name}", name, str(self.root / "test" / "tasks"), self.root / "stts" / name,
+                           self.p.stts_turns, self.p.stts_context, self.p.stts_samples)
 
-    def transfer(self) -> list[Step]:
-        return [step for name in self.policies
-                for step in self._bench(f"transfer {name}", name, self.p.transfer_tasks, self.root / "transfer" / name,
-                                        self.p.bench_turns, "full", self.p.transfer_samples, self.p.transfer_args)]
+    def transfer(self, name: str) -> list[Step]:
+        return self._bench(f"transfer {name}", name, self.p.transfer_tasks, self.root / "transfer" / name,
+                           self.p.bench_turns, "full", self.p.transfer_samples, self.p.transfer_args)
 
     def report(self) -> list[Step]:
         steps = []
@@ -288,19 +298,55 @@ class Pipeline:
 
     # --- running -------------------------------------------------------------------------------------------------
 
-    def run(self, stage: str) -> None:
-        steps = getattr(self, stage)()
+    def applies(self, stage: str, name: str) -> bool:
+        """Whether a per-policy stage has a run for this policy: no RL run makes the SFT policy, STTS takes two."""
+        return {"rl": name != "sft", "stts": name in STTS_POLICIES}.get(stage, True)
+
+    def waits(self, stage: str, name: str) -> bool:
+        """Whether the run needs an RL policy that is not on disk yet (the SFT policy must exist: _bench says so)."""
+        return stage != "rl" and name != "sft" and not self.dry_run and not self.policy_path(name).exists()
+
+    def run(self, stages: list[str]) -> None:
+        """The stages in order. With GPUs, the per-policy stages asked for together are one pool of jobs, so a GPU
+        whose run ended takes the next run whose policy exists (the SFT policy's bench while the RL runs train)
+        instead of waiting for the stage's slowest run."""
+        pooled = [stage for stage in stages if stage in PER_POLICY] if self.gpus >= 1 and not self.dry_run else []
+        for stage in stages:
+            if stage in pooled:
+                if stage == pooled[0]:
+                    if not self.policy_path("sft").exists():
+                        raise SystemExit(f"{stage}: no policy at {self.policy_path('sft')}; run the sft stage first")
+                    self._run_pool([Job(stage, name, functools.partial(getattr(self, stage), name),
+                                        None if stage == "rl" or name == "sft" else self.policy_path(name))
+                                    for stage in pooled for name in self.policies if self.applies(stage, name)])
+            else:
+                self._run_stage(stage)
+            if self.incomplete:
+                return
+
+    def _run_stage(self, stage: str) -> None:
+        if stage not in PER_POLICY:
+            steps = getattr(self, stage)()
+        else:
+            steps = []
+            for name in self.policies:
+                if not self.applies(stage, name):
+                    continue
+                if self.waits(stage, name):
+                    print(f"[{stage}] {name}: not trained yet, left for a later call", flush=True)
+                    continue
+                steps += getattr(self, stage)(name)
         if not steps:
             print(f"[{stage}] done already", flush=True)
         for step in steps:
             print(f"[{stage}] {step.shown()}", flush=True)
-        if self.dry_run or not steps:
+        if self.dry_run:
             return
-        if self.gpus >= 1 and stage in ("probe", "rl", "bench", "transfer"):
-            self._run_parallel(steps)
-        else:
-            for step in steps:
-                self._run_in_process(step) if self.gpus == 0 else self._run_processes([step])
+        for step in steps:
+            if self.gpus == 0:
+                self._run_in_process(step)
+            else:
+                self._run_pool([Job(stage, "", functools.partial(list, [step]))])
 
     def _run_in_process(self, step: Step) -> None:
         """The command in this process (no interpreter and import start-up per step: the CPU test runs them all)."""
@@ -318,46 +364,88 @@ class Pipeline:
             raise SystemExit(f"{step.name} failed with exit status {code}: {step.shown()}")
         print(f"[{step.name}] {time.perf_counter() - started:.1f} s", flush=True)
 
-    def _run_parallel(self, steps: list[Step]) -> None:
-        at_once = self.gpus * self.per_gpu
-        for start in range(0, len(steps), at_once):
-            self._run_processes(steps[start:start + at_once])
+    def _devices(self) -> list[str]:
+        """The GPUs the runs go to: the first `gpus` of CUDA_VISIBLE_DEVICES where it is set, else 0..gpus-1."""
+        visible = [device.strip() for device in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if device.strip()]
+        if not visible:
+            return [str(index) for index in range(self.gpus)]
+        if len(visible) < self.gpus:
+            raise SystemExit(f"--gpus {self.gpus}, but CUDA_VISIBLE_DEVICES={os.environ['CUDA_VISIBLE_DEVICES']} "
+                             f"names {len(visible)}")
+        return visible[:self.gpus]
 
-    def _run_processes(self, steps: list[Step]) -> None:
-        """One process per step, step i on GPU i // per_gpu; logs in ROOT/logs/. At the deadline, the ones left are
-        stopped."""
-        logs = self.root / "logs"
+    def _run_pool(self, jobs: list[Job]) -> None:
+        """Each job as a process on a free slot (`per_gpu` slots a GPU; logs in ROOT/logs/), in the order given,
+        a job that needs a policy only once it exists; one whose policy no pending or running job makes is left
+        for a later call. At the deadline the running processes are stopped (their checkpoints stay) and every
+        job not finished counts as incomplete: the same command continues them."""
+        devices, logs = self._devices(), self.root / "logs"
         logs.mkdir(parents=True, exist_ok=True)
-        running = []
-        for index, step in enumerate(steps):
-            env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
-            if self.gpus >= 1:
-                env["CUDA_VISIBLE_DEVICES"] = str(index // self.per_gpu)
-            log = open(logs / f"{step.name.replace(' ', '_')}.log", "a")
-            running.append((step, subprocess.Popen(step.argv(), env=env, stdout=log, stderr=subprocess.STDOUT,
-                                                   cwd=REPO, start_new_session=True), log, time.perf_counter()))
-        failed = []
-        for step, process, log, started in running:
-            timeout = None if self.deadline is None else max(self.deadline - time.monotonic(), 0.0)
-            try:
-                code = process.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                os.killpg(process.pid, signal.SIGTERM)
-                try:
-                    process.wait(timeout=30)
-                except subprocess.TimeoutExpired:
-                    os.killpg(process.pid, signal.SIGKILL)
-                    process.wait()
-                self.incomplete.append(step.name)
-                code = None
-            log.close()
-            print(f"[{step.name}] {'stopped at the time limit' if code is None else f'exit {code}'} after "
-                  f"{time.perf_counter() - started:.1f} s (log: {logs / (step.name.replace(' ', '_') + '.log')})",
-                  flush=True)
-            if code not in (None, 0):
-                failed.append(step.name)
+        pending, running, failed = list(jobs), {}, []
+        while pending or running:
+            for slot in (slot for slot in range(len(devices) * self.per_gpu) if slot not in running):
+                ready = next((job for job in pending if job.needs is None or job.needs.exists()), None)
+                while ready is not None:
+                    pending.remove(ready)
+                    steps = ready.make()
+                    if steps:
+                        running[slot] = self._start(ready, steps, devices[slot // self.per_gpu], logs)
+                        break
+                    print(f"[{ready.name}] done already", flush=True)
+                    ready = next((job for job in pending if job.needs is None or job.needs.exists()), None)
+            makers = {job.policy for job in [*pending, *(run[0] for run in running.values())] if job.stage == "rl"}
+            for job in [job for job in pending if job.needs is not None and not job.needs.exists()
+                        and job.policy not in makers]:
+                pending.remove(job)
+                print(f"[{job.stage}] {job.policy}: not trained yet, left for a later call", flush=True)
+            for slot, (job, step, process, log, started) in list(running.items()):
+                code = process.poll()
+                if code is None:
+                    continue
+                del running[slot]
+                log.close()
+                print(f"[{step.name}] exit {code} after {time.perf_counter() - started:.1f} s (log: "
+                      f"{logs / _log_name(step)})", flush=True)
+                if code != 0:
+                    failed.append(step.name)
+            if self.deadline is not None and time.monotonic() >= self.deadline:
+                for job, step, process, log, started in running.values():
+                    _stop(process)
+                    log.close()
+                    print(f"[{step.name}] stopped at the time limit after {time.perf_counter() - started:.1f} s",
+                          flush=True)
+                self.incomplete += [run[1].name for run in running.values()] + [job.name for job in pending]
+                break
+            time.sleep(POLL_S if running else 0)
         if failed:
             raise SystemExit(f"failed: {', '.join(failed)}; see {logs}")
+
+    def _start(self, job: Job, steps: list[Step], device: str,
+               logs: Path) -> tuple[Job, Step, subprocess.Popen, IO[str], float]:
+        (step,) = steps
+        print(f"[{job.stage}] {step.shown()} (GPU {device})", flush=True)
+        env = {**os.environ, "CUDA_VISIBLE_DEVICES": device,
+               "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
+        log = open(logs / _log_name(step), "a")
+        process = subprocess.Popen(step.argv(), env=env, stdout=log, stderr=subprocess.STDOUT, cwd=REPO,
+                                   start_new_session=True)
+        return job, step, process, log, time.perf_counter()
+
+
+def _log_name(step: Step) -> str:
+    return step.name.replace(" ", "_") + ".log"
+
+
+def _stop(process: subprocess.Popen) -> None:
+    """SIGTERM to the run's process group (a trainer saves nothing more, its checkpoints stay), SIGKILL after 30 s."""
+    try:
+        os.killpg(process.pid, signal.SIGTERM)
+        process.wait(timeout=30)
+    except ProcessLookupError:  # it ended on its own meanwhile
+        pass
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+    process.wait()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -386,8 +474,9 @@ def main(argv: list[str] | None = None) -> int:
                         "every RL run after its ablation's (drkernel train --set; repeat it), e.g. "
                         "learning_rate=1e-4")
     parser.add_argument("--policies", nargs="+", choices=POLICIES, default=list(POLICIES),
-                        help="the policies `rl`, `bench`, `stts` and `transfer` take (default: all four; stts "
-                        "takes sft and recipe of them), e.g. one RL run and its bench in one lease of a GPU")
+                        help="the policies `rl`, `bench`, `stts` and `transfer` take, in this order (the pool's, "
+                        "within a stage; default: all four; stts takes sft and recipe of them), e.g. one RL run and "
+                        "its bench in one lease of a GPU")
     parser.add_argument("--dry-run", action="store_true", help="print the command lines, run nothing")
     args = parser.parse_args(argv)
     stages = STAGES if "all" in args.stages else [s for s in STAGES if s in args.stages]
@@ -412,12 +501,11 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--per-gpu must be at least 1")
     pipeline = Pipeline(args.root.resolve(), profile, args.gpus, args.time_limit_s, args.dry_run, args.per_gpu,
                         tuple(args.policies), args.base)
-    for stage in stages:
-        pipeline.run(stage)
-        if pipeline.incomplete:
-            print(f"stopped at the time limit: {', '.join(pipeline.incomplete)}; run the same command again to "
-                  "continue", flush=True)
-            return INCOMPLETE
+    pipeline.run(stages)
+    if pipeline.incomplete:
+        print(f"stopped at the time limit: {', '.join(pipeline.incomplete)}; run the same command again to "
+              "continue", flush=True)
+        return INCOMPLETE
     return 0
 
 

@@ -3,6 +3,7 @@ and the whole pipeline shrunk for the CPU (data, SFT, the three RL runs, bench, 
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 
@@ -89,29 +90,86 @@ def test_gpu_commands_differ_only_in_the_ablation(tmp_path, capsys):
         miniature.main(["rl", "--root", str(tmp_path), "--dry-run", "--rl-set", "learning_rate"])
 
 
+def _jobs(miniature, *steps):
+    return [miniature.Job(step.name, "", functools.partial(list, [step])) for step in steps]
+
+
 def test_time_limit_stops_the_processes_and_keeps_going_later(tmp_path):
     miniature = _miniature()
     pipeline = miniature.Pipeline(tmp_path, miniature.PROFILES["cpu"], gpus=2, time_limit_s=1.0, dry_run=False)
     quick = miniature.Step("quick", "json.tool", ["--help"])
     slow = miniature.Step("slow one", "timeit", ["-n", "1", "-r", "1", "import time; time.sleep(60)"])
-    pipeline._run_parallel([quick, slow])
+    pipeline._run_pool(_jobs(miniature, quick, slow))
     assert pipeline.incomplete == ["slow one"]
     assert (tmp_path / "logs" / "slow_one.log").exists() and "usage" in (tmp_path / "logs" / "quick.log").read_text()
     failing = miniature.Step("failing", "json.tool", ["/nonexistent"])
     pipeline.deadline = None
     with pytest.raises(SystemExit, match=f"failed: failing; see {tmp_path / 'logs'}"):
-        pipeline._run_parallel([failing])
+        pipeline._run_pool(_jobs(miniature, failing))
 
 
-def test_per_gpu_puts_several_runs_on_each_gpu(tmp_path):
+def test_per_gpu_puts_several_runs_on_each_gpu(tmp_path, monkeypatch):
     miniature = _miniature()
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "5,7,9")  # the runs go to the GPUs this process was given
     pipeline = miniature.Pipeline(tmp_path, miniature.PROFILES["cpu"], gpus=2, time_limit_s=None, dry_run=False,
                                   per_gpu=2)
     show = "import os; print('gpu', os.environ['CUDA_VISIBLE_DEVICES'])"
-    steps = [miniature.Step(f"run{i}", "timeit", ["-n", "1", "-r", "1", "-s", show, "pass"]) for i in range(5)]
-    pipeline._run_parallel(steps)
+    steps = [miniature.Step(f"run{i}", "timeit", ["-n", "1", "-r", "1", "-s", show, "import time; time.sleep(0.5)"])
+             for i in range(5)]
+    pipeline._run_pool(_jobs(miniature, *steps))
     seen = [(tmp_path / "logs" / f"run{i}.log").read_text().split("\n")[0] for i in range(5)]
-    assert seen == ["gpu 0", "gpu 0", "gpu 1", "gpu 1", "gpu 0"]  # 4 at once, then the fifth
+    assert seen[:4] == ["gpu 5", "gpu 5", "gpu 7", "gpu 7"] and seen[4] in ("gpu 5", "gpu 7")  # 4 at once, then one
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3")
+    with pytest.raises(SystemExit, match="--gpus 2, but CUDA_VISIBLE_DEVICES=3 names 1"):
+        pipeline._run_pool(_jobs(miniature, steps[0]))
+
+
+def test_the_pool_gives_a_free_gpu_the_next_run_whose_policy_exists(tmp_path, capsys):
+    """Two GPUs: the SFT policy's bench and an RL run start at once; the RL policy's bench waits for its run and
+    takes the GPU the first run to end left; a bench whose policy nothing makes is left for later."""
+    miniature = _miniature()
+    pipeline = miniature.Pipeline(tmp_path, miniature.PROFILES["cpu"], gpus=2, time_limit_s=None, dry_run=False)
+    policy = tmp_path / "rl" / "x" / "final"
+
+    def step(name, seconds, then=""):
+        code = f"import os, pathlib, time; time.sleep({seconds}); print('gpu', os.environ['CUDA_VISIBLE_DEVICES']); {then}"
+        return miniature.Step(name, "timeit", ["-n", "1", "-r", "1", code])
+
+    jobs = [miniature.Job("rl", "x", functools.partial(list, [step("rl x", 1.0, f"pathlib.Path('{policy}').mkdir(parents=True)")])),
+            miniature.Job("bench", "sft", functools.partial(list, [step("bench sft", 0.2)])),
+            miniature.Job("bench", "x", functools.partial(list, [step("bench x", 0.2)]), policy),
+            miniature.Job("bench", "y", functools.partial(list, [step("bench y", 0.2)]), tmp_path / "rl" / "y" / "final"),
+            miniature.Job("stts", "sft", functools.partial(list, []))]
+    pipeline._run_pool(jobs)
+    lines = capsys.readouterr().out.splitlines()
+    said = [line.split(" timeit")[0].split(" exit")[0] for line in lines]
+    assert said[:5] == ["[rl] python -m", "[bench] python -m", "[bench] y: not trained yet, left for a later call",
+                        "[bench sft]", "[stts sft] done already"]
+    assert sorted(said[5:]) == ["[bench x]", "[bench] python -m", "[rl x]"] and said[-1] == "[bench x]"
+    assert lines[0].endswith("(GPU 0)") and lines[1].endswith("(GPU 1)")
+    assert "rl/x" not in lines[1] and [line for line in lines[5:] if "(GPU 1)" in line]  # bench x: the freed GPU
+    assert (tmp_path / "logs" / "bench_x.log").read_text().startswith("gpu 1")
+
+
+def test_gpus_pool_the_per_policy_stages_in_stage_then_policy_order(tmp_path, monkeypatch):
+    miniature = _miniature()
+    (tmp_path / "sft" / "final").mkdir(parents=True)
+    pipeline = miniature.Pipeline(tmp_path, miniature.PROFILES["gpu"], gpus=4, time_limit_s=None, dry_run=False,
+                                  policies=("sft", "recipe", "grpo"))
+    pooled = []
+    monkeypatch.setattr(pipeline, "_run_pool", pooled.append)
+    pipeline.run(["rl", "bench", "stts", "report"])
+    (jobs,) = pooled
+    assert [(job.name, job.needs) for job in jobs] == [
+        ("rl recipe", None), ("rl grpo", None), ("bench sft", None),
+        ("bench recipe", tmp_path / "rl" / "recipe" / "final"), ("bench grpo", tmp_path / "rl" / "grpo" / "final"),
+        ("stts sft", None), ("stts recipe", tmp_path / "rl" / "recipe" / "final")]
+    (tmp_path / "rl" / "recipe" / "final").mkdir(parents=True)  # as its RL run leaves it
+    (step,) = jobs[3].make()  # the command line is made when a GPU takes the job
+    assert step.name == "bench recipe" and f"hf:{tmp_path}/rl/recipe/final" in step.args
+    (tmp_path / "sft" / "final").rmdir()
+    with pytest.raises(SystemExit, match=f"rl: no policy at {tmp_path}/sft/final; run the sft stage first"):
+        pipeline.run(["rl", "bench"])
 
 
 @pytest.mark.slow
