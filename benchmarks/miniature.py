@@ -71,6 +71,7 @@ STTS_POLICIES = ("sft", "recipe")  # (a) and (d)
 INCOMPLETE = 3  # exit status: the time limit stopped runs that a rerun continues
 PER_POLICY = ("rl", "probe", "bench", "stts", "transfer")  # the stages with a run per policy
 POLL_S = 0.2  # how often the pool looks at its processes
+LOAD_EVERY_S = 60.0  # how often the pool prints the host's load (lease 6: four runs at once judged 3-10x slower)
 
 
 @dataclass(frozen=True)
@@ -382,7 +383,13 @@ class Pipeline:
         devices, logs = self._devices(), self.root / "logs"
         logs.mkdir(parents=True, exist_ok=True)
         pending, running, failed = list(jobs), {}, []
+        load_due = time.monotonic() + LOAD_EVERY_S
         while pending or running:
+            if running and time.monotonic() >= load_due:
+                load_due += LOAD_EVERY_S
+                one, five, _ = os.getloadavg()
+                print(f"[pool] {len(running)} running; host load {one:.1f} (1 min), {five:.1f} (5 min) on "
+                      f"{os.cpu_count()} CPUs", flush=True)
             for slot in (slot for slot in range(len(devices) * self.per_gpu) if slot not in running):
                 ready = next((job for job in pending if job.needs is None or job.needs.exists()), None)
                 while ready is not None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -108,9 +109,10 @@ def test_time_limit_stops_the_processes_and_keeps_going_later(tmp_path):
         pipeline._run_pool(_jobs(miniature, failing))
 
 
-def test_per_gpu_puts_several_runs_on_each_gpu(tmp_path, monkeypatch):
+def test_per_gpu_puts_several_runs_on_each_gpu(tmp_path, monkeypatch, capsys):
     miniature = _miniature()
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "5,7,9")  # the runs go to the GPUs this process was given
+    monkeypatch.setattr(miniature, "LOAD_EVERY_S", 0.2)
     pipeline = miniature.Pipeline(tmp_path, miniature.PROFILES["cpu"], gpus=2, time_limit_s=None, dry_run=False,
                                   per_gpu=2)
     show = "import os; print('gpu', os.environ['CUDA_VISIBLE_DEVICES'])"
@@ -119,6 +121,8 @@ def test_per_gpu_puts_several_runs_on_each_gpu(tmp_path, monkeypatch):
     pipeline._run_pool(_jobs(miniature, *steps))
     seen = [(tmp_path / "logs" / f"run{i}.log").read_text().split("\n")[0] for i in range(5)]
     assert seen[:4] == ["gpu 5", "gpu 5", "gpu 7", "gpu 7"] and seen[4] in ("gpu 5", "gpu 7")  # 4 at once, then one
+    load = [line for line in capsys.readouterr().out.splitlines() if line.startswith("[pool]")]
+    assert load and load[0].startswith("[pool] 4 running; host load ") and load[0].endswith(f"on {os.cpu_count()} CPUs")
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3")
     with pytest.raises(SystemExit, match="--gpus 2, but CUDA_VISIBLE_DEVICES=3 names 1"):
         pipeline._run_pool(_jobs(miniature, steps[0]))
