@@ -1,7 +1,7 @@
 """The miniature reproduction of Dr. Kernel, one command per stage (docs/experiments.md, "Plan of the runs").
 
     python benchmarks/miniature.py STAGE... [--profile gpu|cpu] [--root runs/mini] [--base GGUF] [--gpus N]
-                                            [--time-limit-s S] [--policies sft grpo trloo recipe]
+                                            [--time-limit-s S] [--policies sft grpo trloo recipe recipe-s1 ...]
                                             [--single-turn SHARES] [--sft-args ARGS] [--rl-set KEY=VALUE ...]
 
 Stages, in order (`all` runs them all):
@@ -68,6 +68,25 @@ RL_RUNS = (
 )
 POLICIES = ("sft",) + tuple(name for name, _ in RL_RUNS)
 STTS_POLICIES = ("sft", "recipe")  # (a) and (d)
+REPLICATE = "-s"  # `recipe-s1`: a replicate of the recipe's run with seed 1, in its own folder
+
+
+def ablation(name: str) -> tuple[str, int | None]:
+    """A policy's name as (its run, the replicate's seed): `recipe` -> ("recipe", None), `recipe-s1` -> ("recipe", 1)
+    (lease 5's recipe lifted and lease 6's did not: one run a setting cannot tell an effect from its seed)."""
+    run, _, seed = name.partition(REPLICATE)
+    if run not in POLICIES or (seed and (run == "sft" or not seed.isdigit())) or (REPLICATE in name and not seed):
+        raise ValueError(f"{name!r} is not a policy: one of {', '.join(POLICIES)}, or an RL run with a replicate's "
+                         f"seed, e.g. recipe{REPLICATE}1")
+    return run, int(seed) if seed else None
+
+
+def _policy(name: str) -> str:
+    try:
+        ablation(name)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return name
 INCOMPLETE = 3  # exit status: the time limit stopped runs that a rerun continues
 PER_POLICY = ("rl", "probe", "bench", "stts", "transfer")  # the stages with a run per policy
 POLL_S = 0.2  # how often the pool looks at its processes
@@ -236,14 +255,15 @@ class Pipeline:
         return self.root / ("sft" if name == "sft" else f"rl/{name}") / "final"
 
     def rl(self, name: str) -> list[Step]:
-        settings = dict(RL_RUNS).get(name)
+        run, seed = ablation(name)
+        settings = dict(RL_RUNS).get(run)
         out = self.root / "rl" / name
         if settings is None or (out / "final").exists():
             return []
         args = ["train", "--config", str(REPO / self.p.rl_config), "--set", f"model={self.policy_path('sft')}",
                 "--set", f"tasks={self.root / 'train' / 'tasks'}",
                 "--set", f"validation_tasks={self.root / 'validation' / 'tasks'}", "--set", f"output_dir={out}"]
-        for setting in (*settings, *self.p.rl_settings):
+        for setting in (*settings, *self.p.rl_settings, *([f"seed={seed}"] if seed is not None else [])):
             args += ["--set", setting]
         if any(out.glob("checkpoint-*")):
             args.append("--resume")
@@ -290,7 +310,8 @@ class Pipeline:
         for stage in ("probe", "rl", "bench", "stts", "transfer"):
             # the SFT policy first: the report's differences table sets each run against the first
             runs = [str(path) for path in sorted((p for p in (self.root / stage).glob("*") if p.is_dir()),
-                                                 key=lambda p: (order.get(p.name, len(order)), p.name))]
+                                                 key=lambda p: (order.get(p.name.partition(REPLICATE)[0],
+                                                                          len(order)), p.name))]
             if runs or self.dry_run:
                 paper = [] if stage == "transfer" else ["--no-paper"]  # the paper's numbers are KernelBench's
                 steps.append(Step(f"report {stage}", CLI, ["report", *(runs or [f"{self.root}/{stage}/*"]),
@@ -301,7 +322,7 @@ class Pipeline:
 
     def applies(self, stage: str, name: str) -> bool:
         """Whether a per-policy stage has a run for this policy: no RL run makes the SFT policy, STTS takes two."""
-        return {"rl": name != "sft", "stts": name in STTS_POLICIES}.get(stage, True)
+        return {"rl": name != "sft", "stts": ablation(name)[0] in STTS_POLICIES}.get(stage, True)
 
     def waits(self, stage: str, name: str) -> bool:
         """Whether the run needs an RL policy that is not on disk yet (the SFT policy must exist: _bench says so)."""
@@ -480,10 +501,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rl-set", action="append", default=[], metavar="KEY=VALUE", help="a setting of "
                         "every RL run after its ablation's (drkernel train --set; repeat it), e.g. "
                         "learning_rate=1e-4")
-    parser.add_argument("--policies", nargs="+", choices=POLICIES, default=list(POLICIES),
+    parser.add_argument("--policies", nargs="+", type=_policy, default=list(POLICIES),
                         help="the policies `rl`, `bench`, `stts` and `transfer` take, in this order (the pool's, "
-                        "within a stage; default: all four; stts takes sft and recipe of them), e.g. one RL run and "
-                        "its bench in one lease of a GPU")
+                        f"within a stage; default: {' '.join(POLICIES)}; stts takes sft and recipe of them), e.g. "
+                        "one RL run and its bench in one lease of a GPU; NAME-sN is a replicate of an RL run with "
+                        "seed N (its own folder, `--set seed=N` last)")
     parser.add_argument("--dry-run", action="store_true", help="print the command lines, run nothing")
     args = parser.parse_args(argv)
     stages = STAGES if "all" in args.stages else [s for s in STAGES if s in args.stages]

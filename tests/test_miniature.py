@@ -155,6 +155,30 @@ def test_the_pool_gives_a_free_gpu_the_next_run_whose_policy_exists(tmp_path, ca
     assert (tmp_path / "logs" / "bench_x.log").read_text().startswith("gpu 1")
 
 
+def test_a_replicate_is_the_same_run_with_its_own_seed_and_folder(tmp_path, capsys):
+    miniature = _miniature()
+    assert miniature.main(["rl", "stts", "report", "--root", str(tmp_path), "--dry-run", "--policies", "sft", "recipe",
+                           "recipe-s1", "grpo-s2"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    rl = [line.split(f"output_dir={tmp_path}/rl/")[1] for line in lines if line.startswith("[rl]")]
+    assert rl == ["recipe --set advantage_estimator=trloo --set profiling_reward=true --set prs=true",
+                  "recipe-s1 --set advantage_estimator=trloo --set profiling_reward=true --set prs=true --set seed=1",
+                  "grpo-s2 --set advantage_estimator=grpo --set profiling_reward=false --set prs=false --set seed=2"]
+    stts = [line.split(" --out ")[1].split()[0] for line in lines if line.startswith("[stts]")]
+    assert stts == [f"{tmp_path}/stts/sft", f"{tmp_path}/stts/recipe", f"{tmp_path}/stts/recipe-s1"]  # (d)'s replicate too
+    for bad in ("sft-s1", "recipe-s", "recipe-sx", "dpo"):
+        with pytest.raises(SystemExit):
+            miniature.main(["rl", "--root", str(tmp_path), "--dry-run", "--policies", bad])
+        assert f"argument --policies: '{bad}' is not a policy" in capsys.readouterr().err
+    for name in ("recipe-s1", "grpo-s2", "sft"):  # the report puts each replicate beside its run, (a) first
+        (tmp_path / "bench" / name).mkdir(parents=True)
+    (tmp_path / "bench" / "recipe").mkdir()
+    miniature.main(["report", "--root", str(tmp_path), "--dry-run"])
+    (bench,) = [line for line in capsys.readouterr().out.splitlines() if f"--out {tmp_path}/report/bench" in line]
+    assert bench.split(" --out ")[0].split("drkernel report ")[1].split() == [
+        str(tmp_path / "bench" / name) for name in ("sft", "grpo-s2", "recipe", "recipe-s1")]
+
+
 def test_gpus_pool_the_per_policy_stages_in_stage_then_policy_order(tmp_path, monkeypatch):
     miniature = _miniature()
     (tmp_path / "sft" / "final").mkdir(parents=True)
