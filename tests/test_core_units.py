@@ -559,3 +559,33 @@ def test_the_subject_hands_its_staged_buffers_to_the_candidate_as_new_views_each
     after_second = second[0]._version
     third = subject._timed_inputs({"staged": True}, [])
     assert version < after_second < third[0]._version
+
+
+def test_a_wall_clock_suspicion_is_measured_again_and_only_the_second_measurement_counts(tmp_path, monkeypatch) -> None:
+    """A legitimate kernel was `side_stream_timing` on an H200 beside other runs' evaluations (lease 6): stalls of
+    the host, not hidden work. The check now fires only if a second, whole measurement shows it again, and the
+    second measurement's timings are the ones kept (a candidate that behaves for it is timed as it behaves)."""
+    from types import SimpleNamespace
+
+    from drkernel.sandbox import guards
+    from drkernel.sandbox.judge import Judge, wall_clock_excess
+
+    assert wall_clock_excess(0.1, 1.15) is None  # within 1.5 x + 1 ms
+    assert wall_clock_excess(0.0054, 2.7566) == ("your process timed 0.0054 ms per call, but the judge saw 2.7566 ms "
+                                                 "of work per call until the device was idle")
+
+    def judged(*measurements):
+        judge = Judge(None, tmp_path, torch.device("cpu"), None, SimpleNamespace(findings=guards.Findings()))
+        made = iter(measurements)
+        monkeypatch.setattr(judge, "_measure_once", lambda reference, report, spent: next(made))
+        return judge, judge.measure(None, None)  # type: ignore[arg-type]
+
+    stalled = {guards.SIDE_STREAM: "your process timed 0.0054 ms ...: work ran outside the timed stream"}
+    judge, kept = judged(("first", stalled), ("second", {}))
+    assert kept == "second" and not judge.findings
+    assert judge.notes == [f"timing measured again: in the first measurement {stalled[guards.SIDE_STREAM]}"]
+    hidden = {guards.SIDE_STREAM: "again", guards.IMPOSSIBLE_SPEED: "too fast"}
+    judge, kept = judged(("first", stalled), ("second", hidden), ("never", {}))
+    assert kept == "second" and judge.findings.details == hidden  # shown twice: refused, with the second's words
+    judge, kept = judged(("only", {guards.IMPOSSIBLE_SPEED: "too fast"}), ("never", {}))
+    assert kept == "only" and judge.findings.codes == [guards.IMPOSSIBLE_SPEED] and judge.notes == []

@@ -567,12 +567,28 @@ class Judge:
     def measure(self, reference: Reference, report: CorrectnessReport) -> Measurement:
         """Both sides timed trial by trial, in alternating order, on values never seen before: the reference here, the
         candidate in its process (its event timing checked against the judge's wall clock), every candidate output
-        compared on a sample, a few chosen calls in full."""
+        compared on a sample, a few chosen calls in full.
+
+        When the wall-clock check fires, the whole measurement is made once more and only the second one counts, its
+        timings and its check: a host that stalled some of the calls (a legitimate kernel was `side_stream_timing`
+        on an H200 beside other runs' evaluations) gets a clean measurement, work hidden on another stream shows
+        again, and a candidate that changes its behaviour for the second measurement is timed as it then behaves."""
+        spent = dict.fromkeys(TIMING_PARTS, 0.0)  # where the phase's time goes, in seconds, over both measurements
+        measured, suspicions = self._measure_once(reference, report, spent)
+        if guards.SIDE_STREAM in suspicions:
+            self.notes.append(f"timing measured again: in the first measurement {suspicions[guards.SIDE_STREAM]}")
+            measured, suspicions = self._measure_once(reference, report, spent)
+        for reason, message in suspicions.items():
+            self.findings.add(reason, message)
+        return measured
+
+    def _measure_once(self, reference: Reference, report: CorrectnessReport,
+                      spent: dict[str, float]) -> tuple[Measurement, dict[str, str]]:
+        """One measurement, and the hack reasons its timings alone suggest (measure() decides what counts)."""
         opts = self.options
         reference.model.train(False)
         args = reference.inputs(self.secret_seed())  # the reference's inputs, new before every call
         checked = set(self._rng.sample(range(opts.perf_trials), min(CHECKED_TIMING_TRIALS, opts.perf_trials)))
-        spent = dict.fromkeys(TIMING_PARTS, 0.0)  # where the phase's time goes, in seconds
 
         @contextmanager
         def part(name: str) -> Iterator[None]:
@@ -646,12 +662,20 @@ class Judge:
                         reference_mode=opts.reference_mode)
         if method == "interpreter_wall":
             result.note = "Triton interpreter on the CPU: these timings say nothing of GPU speed"
+        suspicions: dict[str, str] = {}
         if self.device.type == "cuda":
             with part("checks"):
-                self._check_timing(result, cand, args, reference)
+                assert result.candidate is not None
+                excess = wall_clock_excess(result.candidate.median_ms, statistics.median(cand.wall_ms))
+                if excess is not None:
+                    suspicions[guards.SIDE_STREAM] = (f"{excess}: work ran outside the timed stream, or the timing "
+                                                      "was tampered with. Launch kernels on the current stream.")
+                too_fast = self._too_fast(result.candidate.median_ms, args, reference)
+                if too_fast is not None:
+                    suspicions[guards.IMPOSSIBLE_SPEED] = too_fast
         speedup = result.reference.median_ms / max(result.candidate.median_ms, 1e-9)  # type: ignore[union-attr]
         return Measurement(result, speedup, timing.speedup_interval(ref.primary, cand.primary, opts.seed),
-                           {f"timing_{name}": seconds for name, seconds in spent.items()})
+                           {f"timing_{name}": seconds for name, seconds in spent.items()}), suspicions
 
     def _verify_timed(self, trial: int, full: bool, ref_out: Any, cand_out: Any, call: str = "a timed call") -> None:
         """A timed (or profiled) call's outputs: a remembered answer differs almost everywhere from the one for new
@@ -670,29 +694,16 @@ class Judge:
                 "computed on every call, never cached or remembered.",
             )
 
-    def _check_timing(self, result: Timing, cand: timing.Samples, args: list[Any], reference: Reference) -> None:
-        """What the candidate's process reported, against what the judge can see: its wall-clock view of the timed
-        calls (work outside the timed events, or a patched timer) and the bytes its outputs must be written in."""
-        stats = result.candidate
-        assert stats is not None
-        claimed, seen = stats.median_ms, statistics.median(cand.wall_ms)
-        if seen > WALL_FACTOR * claimed + WALL_MARGIN_MS:
-            self.findings.add(
-                guards.SIDE_STREAM,
-                f"your process timed {claimed:.4f} ms per call, but the judge saw {seen:.4f} ms of work per call "
-                "until the device was idle: work ran outside the timed stream, or the timing was tampered with. "
-                "Launch kernels on the current stream.",
-            )
+    def _too_fast(self, median_ms: float, args: list[Any], reference: Reference) -> str | None:
+        """The candidate's timed calls against the bytes its outputs must be written in, at the GPU's bandwidth."""
         with torch.no_grad():
             out = reference.call(*args)
         out_bytes = correctness.tensor_bytes(out)
         floor_ms = out_bytes / timing.measure_bandwidth(self.device) * 1e3
-        if stats.median_ms < 0.5 * floor_ms:
-            self.findings.add(
-                guards.IMPOSSIBLE_SPEED,
-                f"{stats.median_ms:.4f} ms is faster than writing the {out_bytes} output bytes allows on this GPU "
-                f"({floor_ms:.4f} ms at its measured bandwidth).",
-            )
+        if median_ms >= 0.5 * floor_ms:
+            return None
+        return (f"{median_ms:.4f} ms is faster than writing the {out_bytes} output bytes allows on this GPU "
+                f"({floor_ms:.4f} ms at its measured bandwidth).")
 
     # -- profile and ablation --------------------------------------------------------------------------------
 
@@ -848,6 +859,15 @@ def evaluate(request: EvalRequest, workdir: Path, device: torch.device, gate: De
 
 
 # -- helpers -----------------------------------------------------------------------------------------------------
+
+
+def wall_clock_excess(claimed_ms: float, seen_ms: float) -> str | None:
+    """What the candidate's process timed a call at against what the judge's wall clock saw of it beyond a null call
+    (medians over the trials): None while the wall clock allows the claim (`WALL_FACTOR` x it + `WALL_MARGIN_MS`)."""
+    if seen_ms <= WALL_FACTOR * claimed_ms + WALL_MARGIN_MS:
+        return None
+    return (f"your process timed {claimed_ms:.4f} ms per call, but the judge saw {seen_ms:.4f} ms of work per call "
+            "until the device was idle")
 
 
 def harness_failure(exc: BaseException, workdir: Path) -> Failure:
