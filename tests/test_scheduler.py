@@ -153,6 +153,23 @@ def test_candidate_failures_are_results_not_retries() -> None:
     assert worker["completed"] == len(requests)
 
 
+def test_closing_while_a_worker_starts_ends_it_and_its_fork_server_at_once() -> None:
+    """A scheduler closed before its worker is ready, with no job for it (a bench run whose model refuses the key),
+    waits neither for the fork server's imports nor leaves it behind."""
+    scheduler = Scheduler("cpu", workers=1)
+    worker = scheduler.workers()[0]["pid"]
+    try:
+        wait_for(lambda: any(p.ppid == worker for p in procfs.processes()), 30, "the worker to start its fork server")
+        fork_server = next(p.pid for p in procfs.processes() if p.ppid == worker)
+        assert not scheduler.wait_ready(timeout=0)  # still importing torch and Triton
+    finally:
+        started = time.monotonic()
+        scheduler.close()
+        closed_in = time.monotonic() - started
+    assert closed_in < 2.0
+    assert not any(p.pid in (worker, fork_server) and p.state != "Z" for p in procfs.processes())
+
+
 def test_a_failure_of_the_judge_s_own_gpu_work_runs_again_and_is_never_the_candidate_s() -> None:
     # cudaErrorMapBufferObjectFailed reached a legitimate candidate as runtime_error on an H100 (and its twin got it
     # from the cache). The judge's own CUDA error is the harness's: SandboxError, run again, never cached. Here the

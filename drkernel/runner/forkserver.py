@@ -160,9 +160,14 @@ class ForkServer:
     def close(self) -> None:
         with self._lock:
             proc, self._proc = self._proc, None
+            starting = not self._ready.is_set()
         if proc is not None and proc.poll() is None:
             assert proc.stdin is not None
             proc.stdin.close()  # the zygote kills its running evaluations and exits
+            if starting:  # still importing: it holds no evaluation, and would read its stdin only once ready
+                proc.kill()
+                proc.wait()
+                return
             try:
                 proc.wait(5)
             except subprocess.TimeoutExpired:

@@ -178,6 +178,10 @@ class Scheduler:
             if slot.process is not None and slot.process.poll() is None:
                 assert slot.process.stdin is not None
                 slot.process.stdin.close()
+                with self._cond:  # no job reaches a worker once closed
+                    idle = not slot.inflight
+                if idle and not slot.ready.is_set():  # still starting, nothing to finish: no need to wait for it
+                    slot.process.terminate()
                 try:
                     slot.process.wait(10)
                 except subprocess.TimeoutExpired:

@@ -4,7 +4,8 @@ Protocol on stdin/stdout, one JSON object per line: out `{"ready": pid}` once th
 then in `{"job": id, "request": {...}}`, out `{"job": id, "result": {...}}`. The scheduler sends a few jobs at
 once; while the first ones run, the next ones' processes are forked and initialise CUDA, so the device does not
 wait for start-up between evaluations.
-Stdin closing ends the worker and every evaluation it started.
+Stdin closing ends the worker and every evaluation it started; so does SIGTERM (sent by a scheduler that closes
+while the worker is still starting, with no job for it), at once, its fork server with it.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import argparse
 import json
 import os
 import queue
+import signal
 import sys
 import threading
 from concurrent.futures import Future
@@ -59,6 +61,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--memory-cap-mb", type=int, default=None)
     parser.add_argument("--overlap", type=int, default=None, help="evaluations running at once (default: 2 on a GPU)")
     args = parser.parse_args(argv)
+    signal.signal(signal.SIGTERM, _terminated)  # before the fork server starts: it is closed on the way out
     out = os.fdopen(os.dup(1), "w")
     os.dup2(2, 1)  # anything printed by libraries goes to stderr, never into the protocol
     sandbox = Sandbox(device=args.device, gpu=args.gpu, memory_cap_mb=args.memory_cap_mb, overlap=args.overlap)
@@ -72,6 +75,10 @@ def main(argv: list[str] | None = None) -> None:
         run(sandbox, sys.stdin.buffer, out)
     finally:
         sandbox.close()
+
+
+def _terminated(signum: int, frame: Any) -> None:
+    raise SystemExit(128 + signum)  # through main's `finally`: the fork server (still starting, maybe) goes too
 
 
 if __name__ == "__main__":
