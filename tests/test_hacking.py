@@ -10,15 +10,18 @@ Every file in tests/exploits/ and tests/legit/ is a candidate whose header says 
     # gap: <why>                  (optional: a known hole, expected to fail until it is closed)
     # max_speedup: <x>            (optional: an exploit whose effect is out of reach may pass, credited no more)
 
-Each candidate is evaluated through `drkernel.evaluate` in its own sandboxed process. The evaluations of the
-selected tests are started together on a small thread pool when the first test asks for its result, so the whole
-file takes about as long as (number of candidates x a few seconds) / (CPU cores).
+Each candidate is evaluated in its own sandboxed process. The evaluations of the selected tests are started
+together on a small thread pool when the first test asks for its result; each thread keeps one warm sandbox (its
+fork server imports torch and Triton once, as a scheduler's worker does) and forks every evaluation from it, so the
+whole file takes about as long as (number of candidates x about a second) / (CPU cores). `drkernel.evaluate` (a
+fresh sandbox per call) judges the candidates evaluated outside that pool.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import queue
 import re
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
@@ -28,8 +31,10 @@ import pytest
 
 import drkernel
 from drkernel.feedback import render
+from drkernel.runner.devices import discover_gpus, resolve_device
+from drkernel.runner.sandbox import Sandbox
 from drkernel.sandbox import guards
-from drkernel.schema import EvalResult, Status
+from drkernel.schema import EvalOptions, EvalRequest, EvalResult, Status
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
@@ -72,10 +77,22 @@ def runnable(path: Path) -> bool:
     return header(path).get("needs") != "cuda" or cuda_available()
 
 
-def evaluate_file(path: Path) -> EvalResult:
+def evaluate_file(path: Path, sandbox: Sandbox | None = None) -> EvalResult:
+    """The candidate's verdict: by `drkernel.evaluate` (a fresh sandbox), or forked from `sandbox`'s fork server with
+    the very options `drkernel.evaluate` would use."""
     fields = header(path)
     options = {**FAST, **json.loads(fields.get("options") or "{}")}
-    return drkernel.evaluate(task_source(fields["task"]), path.read_text(), **options)
+    if sandbox is None:
+        return drkernel.evaluate(task_source(fields["task"]), path.read_text(), **options)
+    request_options = EvalOptions.from_dict({**EvalOptions().to_dict(), **options})
+    assert resolve_device(request_options.device) == sandbox.device
+    return sandbox.evaluate(EvalRequest(task_source(fields["task"]), path.read_text(), request_options))
+
+
+def new_sandbox() -> Sandbox:
+    """A sandbox as `drkernel.evaluate` makes one for the default device."""
+    device = resolve_device(EvalOptions().device)
+    return Sandbox(device=device, gpu=discover_gpus()[0] if device == "cuda" else None)
 
 
 def describe(result: EvalResult) -> str:
@@ -95,10 +112,27 @@ def results(request: pytest.FixtureRequest) -> Iterator[dict[Path, Future[EvalRe
         if getattr(item, "module", None) is request.module and isinstance(path, Path) and runnable(path):
             if path not in wanted:
                 wanted.append(path)
+    # One warm sandbox per thread: each evaluation still gets processes of its own, forked from its fork server.
+    sandboxes: queue.Queue[Sandbox] = queue.Queue()
+    made: list[Sandbox] = []
+
+    def evaluate_pooled(path: Path) -> EvalResult:
+        try:
+            sandbox = sandboxes.get_nowait()
+        except queue.Empty:
+            sandbox = new_sandbox()
+            made.append(sandbox)
+        try:
+            return evaluate_file(path, sandbox)
+        finally:
+            sandboxes.put(sandbox)
+
     pool = ThreadPoolExecutor(WORKERS, thread_name_prefix="drkernel-eval")
-    futures = {path: pool.submit(evaluate_file, path) for path in wanted}
+    futures = {path: pool.submit(evaluate_pooled, path) for path in wanted}
     yield futures
     pool.shutdown(wait=True, cancel_futures=True)
+    for sandbox in made:
+        sandbox.close()
 
 
 def result_for(results: dict[Path, Future[EvalResult]], path: Path) -> EvalResult:
