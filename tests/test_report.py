@@ -313,7 +313,29 @@ def test_training_run_without_validation_draws_its_curves(tmp_path: Path) -> Non
     assert "metrics.jsonl: skipped the partial last line 5" in said(result)
     assert [step["step"] for step in read_run(run_dir).steps] == [1, 2, 3, 4]
     assert sorted(p.name for p in (tmp_path / "o" / "figures").iterdir()) == ["training.png"]
-    assert list((tmp_path / "o" / "tables").iterdir()) == []
+    assert sorted(p.name for p in (tmp_path / "o" / "tables").iterdir()) == ["training.csv", "training.md"]
+    # the run's thirds (4 steps: 1, 2-3, 4), each a mean of what its steps logged; no kinds logged: "-"
+    rows = list(csv.reader((tmp_path / "o" / "tables" / "training.csv").read_text().splitlines()))
+    assert rows[0][:5] == ["run", "steps", "reward", "Fast@1.2 first turn (%)", "Fast@1.2 last turn (%)"]
+    assert [row[:5] for row in rows[1:]] == [["fresh_training", "1-1", "0.3824", "5", "15"],
+                                             ["fresh_training", "2-3", "0.5401", "5", "15"],
+                                             ["fresh_training", "4-4", "0.6572", "5", "15"]]
+    assert [row[5:9] for row in rows[1:]] == [["", "", "", ""]] * 3 and [row[9] for row in rows[1:]] == ["50"] * 3
+    assert "Training runs by thirds of their steps" in (tmp_path / "o" / "report.html").read_text()
+
+
+def test_a_run_s_thirds_set_its_start_against_its_end() -> None:
+    from drkernel.report.metrics import step_thirds
+
+    steps = [{"step": i, "reward_mean": float(i), "turn_fast_1_2": [i / 10, 0.0],
+              "turn_kind_shares": [{"fused": i / 10, "lazy": 1 - i / 10, "partial": 0.0, "failed": 0.0}]}
+             for i in range(1, 11)]
+    spans = step_thirds("r", steps)
+    assert [(s.first, s.last, s.reward) for s in spans] == [(1, 3, 2.0), (4, 7, 5.5), (8, 10, 9.0)]
+    assert spans[2].first_answer_kinds == pytest.approx({"fused": 0.9, "lazy": 0.1, "partial": 0.0, "failed": 0.0})
+    assert spans[0].fast_1_2_first_turn == pytest.approx(0.2) and spans[0].fast_1_2_last_turn == 0.0
+    assert [(s.first, s.last) for s in step_thirds("r", steps[:2])] == [(1, 1), (2, 2)]
+    assert [(s.first, s.last, s.coverage) for s in step_thirds("r", steps[:1])] == [(1, 1, None)]
 
 
 def png_size(path: Path) -> tuple[int, int]:

@@ -20,6 +20,7 @@ from drkernel.report.metrics import (
     level_stats,
     outcomes,
     paired_differences,
+    step_thirds,
     task_bests,
     turn_curves,
 )
@@ -33,6 +34,7 @@ from drkernel.report.tables import (
     levels_table,
     outcomes_table,
     tasks_table,
+    training_table,
     turn_key,
     turns_table,
 )
@@ -69,6 +71,7 @@ def write_report(run_dirs: Sequence[str | Path], out: str | Path, published_file
     if trained:
         path = figures.training_figure(trained, report.out / "figures" / "training.png")
         report.figures.append(("training", "Training runs over optimizer steps", path))
+        report.tables.append(training_table([span for name, steps in trained for span in step_thirds(name, steps)]))
     if not bench and not trained:
         report.notes.append("No run has a judged turn or a training step yet: nothing to tabulate.")
     for table in report.tables:

@@ -301,3 +301,46 @@ def lazy_threshold(config: dict[str, Any]) -> float:
                 return float(item["min_coverage"])
             stack.extend(item.values())
     return EvalOptions().min_coverage
+
+
+@dataclass
+class StepSpan:
+    """A training run's steps `first`-`last`: the means over them of what each step logged (None where no step of
+    the span logged it). A run's thirds set its start against its end (the miniature's lift is read this way)."""
+
+    run: str
+    first: int
+    last: int
+    reward: float | None
+    fast_1_2_first_turn: float | None
+    fast_1_2_last_turn: float | None
+    coverage: float | None
+    first_answer_kinds: dict[str, float | None]  # share of each answer kind among first answers
+
+
+SPAN_KINDS = ("fused", "lazy", "partial", "failed")  # the first answers' kinds the training table shows
+
+
+def step_thirds(run: str, steps: list[dict[str, Any]]) -> list[StepSpan]:
+    """The run's steps cut into three spans as equal as they go (10 steps: 1-3, 4-7, 8-10); fewer spans when there
+    are fewer than three steps."""
+    cuts = sorted({round(len(steps) * i / 3) for i in range(4)})
+    return [_span(run, steps[a:b]) for a, b in zip(cuts, cuts[1:]) if b > a]
+
+
+def _span(run: str, steps: list[dict[str, Any]]) -> StepSpan:
+    def mean(pick: Any) -> float | None:
+        values = []
+        for step in steps:
+            try:
+                value = pick(step)
+            except (KeyError, IndexError, TypeError):
+                continue
+            if isinstance(value, (int, float)) and math.isfinite(value):
+                values.append(float(value))
+        return sum(values) / len(values) if values else None
+
+    return StepSpan(run, steps[0]["step"], steps[-1]["step"], mean(lambda s: s["reward_mean"]),
+                    mean(lambda s: s["turn_fast_1_2"][0]), mean(lambda s: s["turn_fast_1_2"][-1]),
+                    mean(lambda s: s["coverage_mean"]),
+                    {kind: mean(lambda s, kind=kind: s["turn_kind_shares"][0][kind]) for kind in SPAN_KINDS})

@@ -18,8 +18,10 @@ from drkernel.report.metrics import (
     INTERVAL_LEVEL,
     Difference,
     Kinds,
+    SPAN_KINDS,
     LevelStats,
     Outcomes,
+    StepSpan,
     TaskBest,
     TurnCurves,
 )
@@ -45,7 +47,8 @@ class Table:
     name: str  # file stem of its .md and .csv
     title: str
     columns: list[str]
-    # per column: "text", "int", "percent" (a share, shown x100), "interval" (two shares: "LOW to HIGH"), "speedup"
+    # per column: "text", "int", "float", "percent" (a share, shown x100), "interval" (two shares: "LOW to HIGH"),
+    # "speedup"
     kinds: list[str]
     rows: list[list[Any]] = field(default_factory=list)
     caption: str = ""
@@ -61,6 +64,8 @@ class Table:
             return f"{100 * value[0]:.1f} to {100 * value[1]:.1f}"
         if kind == "speedup":
             return f"{value:.3g}x"
+        if kind == "float":
+            return f"{value:.3f}"
         return str(value)
 
     def shown(self) -> list[list[str | Link]]:
@@ -168,6 +173,21 @@ def differences_table(differences: list[Difference]) -> Table:
     for d in differences:
         table.rows.append([d.run, d.against, f"{p_label(d.p)} {d.measure}", d.tasks, d.share, d.share_against,
                            d.difference, d.interval, f"{d.better} / {d.worse} / {d.same}"])
+    return table
+
+
+def training_table(spans: list[StepSpan]) -> Table:
+    table = Table("training", "Training runs by thirds of their steps",
+                  ["run", "steps", "reward", "Fast@1.2 first turn (%)", "Fast@1.2 last turn (%)",
+                   *(f"first answers {kind} (%)" for kind in SPAN_KINDS), "coverage (%)"],
+                  ["text", "text", "float"] + ["percent"] * (3 + len(SPAN_KINDS)),
+                  caption="Means over each span's steps of what the run logged per step (metrics.jsonl) on its own "
+                          "prompts, which every step draws anew: the first third against the last says whether "
+                          "the run moved. First answers' kinds as in the kinds table; - where no step logged it.")
+    for span in spans:
+        table.rows.append([span.run, f"{span.first}-{span.last}", span.reward, span.fast_1_2_first_turn,
+                           span.fast_1_2_last_turn, *(span.first_answer_kinds[k] for k in SPAN_KINDS),
+                           span.coverage])
     return table
 
 
