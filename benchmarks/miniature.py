@@ -408,9 +408,7 @@ class Pipeline:
         while pending or running:
             if running and time.monotonic() >= load_due:
                 load_due += LOAD_EVERY_S
-                one, five, _ = os.getloadavg()
-                print(f"[pool] {len(running)} running; host load {one:.1f} (1 min), {five:.1f} (5 min) on "
-                      f"{os.cpu_count()} CPUs", flush=True)
+                print(f"[pool] {len(running)} running; {_host_load()}", flush=True)
             for slot in (slot for slot in range(len(devices) * self.per_gpu) if slot not in running):
                 ready = next((job for job in pending if job.needs is None or job.needs.exists()), None)
                 while ready is not None:
@@ -458,6 +456,19 @@ class Pipeline:
         process = subprocess.Popen(step.argv(), env=env, stdout=log, stderr=subprocess.STDOUT, cwd=REPO,
                                    start_new_session=True)
         return job, step, process, log, time.perf_counter()
+
+
+def _host_load() -> str:
+    """The host's load averages and, where Linux says it (/proc/loadavg), its threads: runnable now and in all. Many
+    more threads than CPUs, runnable at once, is the oversubscription lease 6 could not tell apart."""
+    one, five, _ = os.getloadavg()
+    said = f"host load {one:.1f} (1 min), {five:.1f} (5 min)"
+    try:
+        runnable, threads = Path("/proc/loadavg").read_text().split()[3].split("/")
+        said += f", {runnable} of {threads} threads runnable"
+    except (OSError, IndexError, ValueError):
+        pass
+    return f"{said} on {os.cpu_count()} CPUs"
 
 
 def _log_name(step: Step) -> str:

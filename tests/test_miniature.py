@@ -6,6 +6,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -123,6 +124,7 @@ def test_per_gpu_puts_several_runs_on_each_gpu(tmp_path, monkeypatch, capsys):
     assert seen[:4] == ["gpu 5", "gpu 5", "gpu 7", "gpu 7"] and seen[4] in ("gpu 5", "gpu 7")  # 4 at once, then one
     load = [line for line in capsys.readouterr().out.splitlines() if line.startswith("[pool]")]
     assert load and load[0].startswith("[pool] 4 running; host load ") and load[0].endswith(f"on {os.cpu_count()} CPUs")
+    assert re.search(r"\(5 min\), \d+ of \d+ threads runnable on", load[0])  # Linux: /proc/loadavg
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3")
     with pytest.raises(SystemExit, match="--gpus 2, but CUDA_VISIBLE_DEVICES=3 names 1"):
         pipeline._run_pool(_jobs(miniature, steps[0]))
