@@ -494,3 +494,28 @@ def test_differences_pair_each_task_with_itself() -> None:
     shown = differences_table(worse).markdown()
     assert "| base | other | Fast@1.2 first turn | 3 | 33.3 | 66.7 | -33.3 |" in shown
     assert f"{100 * worse[3].interval[0]:.1f} to {100 * worse[3].interval[1]:.1f}" in shown
+
+
+def test_the_phases_table_gives_each_run_s_median_seconds_per_phase(report: Path) -> None:
+    """Computed here from the raw records: the evaluations judged in the run (not cached), their `duration_s` and
+    `phases_s`, the agent's wait for their verdicts; generation over every turn. bench_gpu's records hold none."""
+    import statistics
+
+    rows = {row[0]: row for row in csv.reader((report / "tables" / "phases.csv").read_text().splitlines())}
+    header = rows.pop("run")
+    assert header[:3] == ["run", "evaluations judged", "duration"] and header[-2:] == ["evaluation", "generation"]
+    judged = [r for r in records("bench_examples") if r["result"] and not r["result"].get("cached")]
+    expected = {"duration": [r["result"]["duration_s"] for r in judged],
+                "correctness": [r["result"]["phases_s"]["correctness"] for r in judged
+                                if "correctness" in r["result"].get("phases_s", {})],
+                "evaluation": [r["timings"]["evaluation_s"] for r in judged],
+                "generation": [r["timings"]["generation_s"] for r in records("bench_examples")]}
+    row = dict(zip(header, rows["bench_examples"]))
+    assert int(row["evaluations judged"]) == len(judged) > 0
+    for name, values in expected.items():
+        assert float(row[name]) == pytest.approx(statistics.median(values)), name
+    gpu = [r for r in records("bench_gpu") if r["result"] and not r["result"].get("cached")]
+    gpu_row = dict(zip(header, rows["bench_gpu"]))  # older records: the agent's timings, no phases
+    assert int(gpu_row["evaluations judged"]) == len(gpu) > 0 and gpu_row["duration"] == gpu_row["correctness"] == ""
+    assert float(gpu_row["evaluation"]) == pytest.approx(statistics.median(r["timings"]["evaluation_s"] for r in gpu))
+    assert "Where the time goes" in (report / "report.html").read_text()

@@ -20,6 +20,7 @@ from drkernel.report.metrics import (
     level_stats,
     outcomes,
     paired_differences,
+    phase_medians,
     step_thirds,
     task_bests,
     turn_curves,
@@ -33,6 +34,7 @@ from drkernel.report.tables import (
     kinds_table,
     levels_table,
     outcomes_table,
+    phases_table,
     tasks_table,
     training_table,
     turn_key,
@@ -101,6 +103,9 @@ def _bench_sections(report: Report, bench: list[Run]) -> None:
                    for d in paired_differences(r.turns_name, t, bench[0].turns_name, trajs[0])]
     if differences:
         report.tables.append(differences_table(differences))
+    medians = [phase_medians(r.turns_name, r.turns) for r in bench]
+    if any(m.medians for m in medians):
+        report.tables.append(phases_table(medians))
     interpreter = any(t.interpreter for r in bench for t in r.turns)
     if interpreter:
         report.notes.append("Some timings come from Triton's interpreter on the CPU: their speedups, and so Fast@p "

@@ -8,6 +8,7 @@ fast. Levels come from the records (None is "unknown").
 from __future__ import annotations
 
 import math
+import statistics
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
@@ -344,3 +345,27 @@ def _span(run: str, steps: list[dict[str, Any]]) -> StepSpan:
                     mean(lambda s: s["turn_fast_1_2"][0]), mean(lambda s: s["turn_fast_1_2"][-1]),
                     mean(lambda s: s["coverage_mean"]),
                     {kind: mean(lambda s, kind=kind: s["turn_kind_shares"][0][kind]) for kind in SPAN_KINDS})
+
+
+# the phases the report shows, in the order an evaluation runs them (drkernel.sandbox.judge.evaluate; the sandbox's
+# start latency and the GPU's gate waits beside), then the agent's side
+PHASES = ("duration", "start_latency", "reference", "load", "correctness", "gpu_wait", "timing", "profile",
+          "ablation", "gate_wait", "evaluation", "generation")
+
+
+@dataclass
+class PhaseMedians:
+    """A run's median seconds per phase over its turns that logged it; `judged`: evaluations run, not cached."""
+
+    run: str
+    judged: int
+    medians: dict[str, float]
+
+
+def phase_medians(run: str, turns: list[Turn]) -> PhaseMedians:
+    seen: dict[str, list[float]] = {}
+    for turn in turns:
+        for name, value in turn.seconds:
+            seen.setdefault(name, []).append(value)
+    return PhaseMedians(run, sum(1 for turn in turns if any(name != "generation" for name, _ in turn.seconds)),
+                        {name: statistics.median(values) for name, values in seen.items() if name in PHASES})

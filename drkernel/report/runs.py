@@ -45,6 +45,9 @@ class Turn:
     code: str | None
     interpreter: bool  # timed under Triton's interpreter: the speedup says nothing of GPU speed
     kind: str = AnswerKind.FAILED.value  # lazy, partial, unfused, fused, unmeasured or failed (drkernel.rl.kinds)
+    # where the turn's time went, in seconds: the evaluation's phases (a judged, not cached, result's `phases_s` and
+    # `duration_s` as "duration") and the agent's `timings` (generation, and the wait for the verdict)
+    seconds: tuple[tuple[str, float], ...] = ()
 
 
 @dataclass
@@ -203,7 +206,18 @@ def _turn(row: dict[str, Any], path: Path, line: int) -> Turn:
         code=row["code"],
         interpreter=bool((result.get("environment") or {}).get("interpreter", False)),
         kind=answer_kind(result).value,
+        seconds=_seconds(row, result),
     )
+
+
+def _seconds(row: dict[str, Any], result: dict[str, Any]) -> tuple[tuple[str, float], ...]:
+    timings = row.get("timings") if isinstance(row.get("timings"), dict) else {}
+    spent: dict[str, Any] = {"generation": timings.get("generation_s")}
+    if result and not result.get("cached"):  # judged here: a cached verdict took no evaluation
+        spent.update(result.get("phases_s") if isinstance(result.get("phases_s"), dict) else {})
+        spent.update(duration=result.get("duration_s"), evaluation=timings.get("evaluation_s"))
+    return tuple((name, float(value)) for name, value in spent.items()
+                 if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value))
 
 
 def _number(value: Any) -> float:

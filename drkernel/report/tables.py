@@ -19,8 +19,10 @@ from drkernel.report.metrics import (
     Difference,
     Kinds,
     SPAN_KINDS,
+    PHASES,
     LevelStats,
     Outcomes,
+    PhaseMedians,
     StepSpan,
     TaskBest,
     TurnCurves,
@@ -173,6 +175,21 @@ def differences_table(differences: list[Difference]) -> Table:
     for d in differences:
         table.rows.append([d.run, d.against, f"{p_label(d.p)} {d.measure}", d.tasks, d.share, d.share_against,
                            d.difference, d.interval, f"{d.better} / {d.worse} / {d.same}"])
+    return table
+
+
+def phases_table(all_medians: list[PhaseMedians]) -> Table:
+    shown = [name for name in PHASES if any(name in m.medians for m in all_medians)]
+    table = Table("phases", "Where the time goes (median seconds)", ["run", "evaluations judged", *shown],
+                  ["text", "int"] + ["float"] * len(shown),
+                  caption="Medians over the turns that logged each: an evaluation's duration and phases "
+                          "(`phases_s` of the results judged in the run, cached ones left out; start_latency: from "
+                          "the start signal to the judge; gpu_wait: for the GPU to time alone; gate_wait: at the "
+                          "GPU's gate), then the agent's: evaluation, from an answer to its verdict with the queue (judged "
+                          "turns), and generation, of the turn's batch (every turn). Set against another run's, it shows whether a slower "
+                          "run spent its time on the GPU or on the host.")
+    for medians in all_medians:
+        table.rows.append([medians.run, medians.judged, *(medians.medians.get(name) for name in shown)])
     return table
 
 
