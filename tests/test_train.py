@@ -433,6 +433,19 @@ def test_two_steps_then_resume(tmp_path, monkeypatch, tiny_policy):
     assert result.exit_code == 2
     assert f"--resume: no checkpoint in {tmp_path / 'none'}" in " ".join(result.output.replace("\n", "").split())
 
+    # a checkpoint cut while being saved (a time limit's SIGTERM): its weights are there, its trainer state is not;
+    # resuming skips it, and a folder with nothing whole says which folder to delete
+    cut = out / "checkpoint-3"
+    cut.mkdir()
+    shutil.copy(next((out / "checkpoint-2").glob("*.safetensors")), cut)
+    assert (run_module.last_checkpoint(out), run_module.cut_checkpoints(out)) == (str(out / "checkpoint-2"), [str(cut)])
+    lone = tmp_path / "lone"
+    shutil.copytree(cut, lone / "checkpoint-1")
+    (lone / "checkpoint-1" / "trainer_state.json").write_text('{"global_step": ')  # written halfway
+    with pytest.raises(ConfigError, match=f"no checkpoint in {lone} that is whole \\({lone / 'checkpoint-1'}: no "
+                                          "readable trainer_state.json, the run stopped while saving; delete it"):
+        run_module.train(load_config(TINY, settings + [f"output_dir={lone}"]), resume=True)
+
     # resume: one more step from checkpoint-2, with GRPO and MRS this time; step count and optimizer state continue
     config = load_config(TINY, settings + ["max_steps=3", "advantage_estimator=grpo", "mrs=true"])
     trainer = run_module.train(config, resume=True, generate=_scripted_generate(tokenizer, logprobs=True))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +13,7 @@ from drkernel.agent.config import HF_PREFIX, BenchConfig
 from drkernel.agent.evaluate import open_evaluator
 from drkernel.agent.local_models import load_causal_lm, load_tokenizer
 from drkernel.agent.prompts import first_turn_prompt
-from drkernel.tasks.loaders import load_tasks, require
+from drkernel.tasks.loaders import load_tasks
 from drkernel.tasks.task import Task
 from drkernel.train.config import TINY_MODEL, ConfigError, TrainConfig
 from drkernel.train.policy import PolicyShape, build_policy
@@ -53,10 +54,39 @@ def validation_bench_config(config: TrainConfig, model_path: str) -> BenchConfig
     )
 
 
+CHECKPOINT = re.compile(r"checkpoint-(\d+)$")
+TRAINER_STATE = "trainer_state.json"  # the Trainer writes it last into a checkpoint: there, the checkpoint is whole
+
+
 def last_checkpoint(output_dir: str | Path) -> str | None:
-    trainer_utils = require("transformers.trainer_utils", "train", "Training")
-    folder = Path(output_dir)
-    return trainer_utils.get_last_checkpoint(str(folder)) if folder.is_dir() else None
+    """The newest whole checkpoint in `output_dir`: one a run stopped while saving it (a time limit's SIGTERM, a
+    Ctrl-C) has no readable trainer state, and resuming from it would fail, so the one before it counts."""
+    return next((str(path) for path in _checkpoints(Path(output_dir)) if _whole(path)), None)
+
+
+def cut_checkpoints(output_dir: str | Path) -> list[str]:
+    """Checkpoints newer than the last whole one: left by a run stopped while saving (safe to delete)."""
+    cut = []
+    for path in _checkpoints(Path(output_dir)):
+        if _whole(path):
+            break
+        cut.append(str(path))
+    return cut
+
+
+def _checkpoints(folder: Path) -> list[Path]:
+    if not folder.is_dir():
+        return []
+    found = [(int(m.group(1)), path) for path in folder.iterdir()
+             if path.is_dir() and (m := CHECKPOINT.fullmatch(path.name))]
+    return [path for _, path in sorted(found, reverse=True)]
+
+
+def _whole(checkpoint: Path) -> bool:
+    try:
+        return isinstance(json.loads((checkpoint / TRAINER_STATE).read_text()), dict)
+    except (OSError, ValueError):
+        return False
 
 
 def holds_a_run(output_dir: Path) -> bool:
@@ -76,7 +106,10 @@ def train(config: TrainConfig, resume: bool = False, generate: GenerateFn | None
     out = Path(config.output_dir)
     checkpoint = last_checkpoint(out) if resume else None
     if resume and checkpoint is None:
-        raise ConfigError(f"--resume: no checkpoint in {out}")
+        cut = cut_checkpoints(out)
+        raise ConfigError(f"--resume: no checkpoint in {out}" + (
+            f" that is whole ({', '.join(cut)}: no readable {TRAINER_STATE}, the run stopped while saving; delete "
+            "it and start again)" if cut else ""))
     if not resume and holds_a_run(out):
         # a second run would write its metrics beside the first one's checkpoints and samples, and report mixes them
         raise ConfigError(f"{out} already holds a training run; pass --resume to continue it, "
