@@ -69,6 +69,10 @@ RL_RUNS = (
 POLICIES = ("sft",) + tuple(name for name, _ in RL_RUNS)
 STTS_POLICIES = ("sft", "recipe")  # (a) and (d)
 REPLICATE = "-s"  # `recipe-s1`: a replicate of the recipe's run with seed 1, in its own folder
+INCOMPLETE = 3  # exit status: the time limit stopped runs that a rerun continues
+PER_POLICY = ("rl", "probe", "bench", "stts", "transfer")  # the stages with a run per policy
+POLL_S = 0.2  # how often the pool looks at its processes
+LOAD_EVERY_S = 60.0  # how often the pool prints the host's load (lease 6: four runs at once judged 3-10x slower)
 
 
 def ablation(name: str) -> tuple[str, int | None]:
@@ -87,10 +91,6 @@ def _policy(name: str) -> str:
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
     return name
-INCOMPLETE = 3  # exit status: the time limit stopped runs that a rerun continues
-PER_POLICY = ("rl", "probe", "bench", "stts", "transfer")  # the stages with a run per policy
-POLL_S = 0.2  # how often the pool looks at its processes
-LOAD_EVERY_S = 60.0  # how often the pool prints the host's load (lease 6: four runs at once judged 3-10x slower)
 
 
 @dataclass(frozen=True)
