@@ -72,7 +72,7 @@ REPLICATE = "-s"  # `recipe-s1`: a replicate of the recipe's run with seed 1, in
 INCOMPLETE = 3  # exit status: the time limit stopped runs that a rerun continues
 PER_POLICY = ("rl", "probe", "bench", "stts", "transfer")  # the stages with a run per policy
 POLL_S = 0.2  # how often the pool looks at its processes
-LOAD_EVERY_S = 60.0  # how often the pool prints the host's load (lease 6: four runs at once judged 3-10x slower)
+LOAD_EVERY_S = 60.0  # how often the pool prints the host's load (lease 6: four runs at once, evaluations 2.4x as long)
 
 
 def ablation(name: str) -> tuple[str, int | None]:
