@@ -324,9 +324,9 @@ class Pipeline:
         """Whether a per-policy stage has a run for this policy: no RL run makes the SFT policy, STTS takes two."""
         return {"rl": name != "sft", "stts": ablation(name)[0] in STTS_POLICIES}.get(stage, True)
 
-    def waits(self, stage: str, name: str) -> bool:
-        """Whether the run needs an RL policy that is not on disk yet (the SFT policy must exist: _bench says so)."""
-        return stage != "rl" and name != "sft" and not self.dry_run and not self.policy_path(name).exists()
+    def needs(self, stage: str, name: str) -> Path | None:
+        """The RL policy the run needs on disk before it can start (the SFT policy must exist: _bench says so)."""
+        return None if stage == "rl" or name == "sft" else self.policy_path(name)
 
     def run(self, stages: list[str]) -> None:
         """The stages in order. With GPUs, the per-policy stages asked for together are one pool of jobs, so a GPU
@@ -339,7 +339,7 @@ class Pipeline:
                     if not self.policy_path("sft").exists():
                         raise SystemExit(f"{stage}: no policy at {self.policy_path('sft')}; run the sft stage first")
                     self._run_pool([Job(stage, name, functools.partial(getattr(self, stage), name),
-                                        None if stage == "rl" or name == "sft" else self.policy_path(name))
+                                        self.needs(stage, name))
                                     for stage in pooled for name in self.policies if self.applies(stage, name)])
             else:
                 self._run_stage(stage)
@@ -354,7 +354,8 @@ class Pipeline:
             for name in self.policies:
                 if not self.applies(stage, name):
                     continue
-                if self.waits(stage, name):
+                needed = self.needs(stage, name)
+                if needed is not None and not self.dry_run and not needed.exists():
                     print(f"[{stage}] {name}: not trained yet, left for a later call", flush=True)
                     continue
                 steps += getattr(self, stage)(name)
@@ -405,20 +406,22 @@ class Pipeline:
         logs.mkdir(parents=True, exist_ok=True)
         pending, running, failed = list(jobs), {}, []
         load_due = time.monotonic() + LOAD_EVERY_S
+
+        def ready() -> Job | None:
+            return next((job for job in pending if job.needs is None or job.needs.exists()), None)
+
         while pending or running:
             if running and time.monotonic() >= load_due:
                 load_due += LOAD_EVERY_S
                 print(f"[pool] {len(running)} running; {_host_load()}", flush=True)
             for slot in (slot for slot in range(len(devices) * self.per_gpu) if slot not in running):
-                ready = next((job for job in pending if job.needs is None or job.needs.exists()), None)
-                while ready is not None:
-                    pending.remove(ready)
-                    steps = ready.make()
+                while (job := ready()) is not None:
+                    pending.remove(job)
+                    steps = job.make()
                     if steps:
-                        running[slot] = self._start(ready, steps, devices[slot // self.per_gpu], logs)
+                        running[slot] = self._start(job, steps, devices[slot // self.per_gpu], logs)
                         break
-                    print(f"[{ready.name}] done already", flush=True)
-                    ready = next((job for job in pending if job.needs is None or job.needs.exists()), None)
+                    print(f"[{job.name}] done already", flush=True)
             makers = {job.policy for job in [*pending, *(run[0] for run in running.values())] if job.stage == "rl"}
             for job in [job for job in pending if job.needs is not None and not job.needs.exists()
                         and job.policy not in makers]:
