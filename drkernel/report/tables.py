@@ -16,10 +16,10 @@ from drkernel.report.metrics import (
     CURVE_P,
     FAST_P,
     INTERVAL_LEVEL,
+    PHASES,
+    SPAN_KINDS,
     Difference,
     Kinds,
-    SPAN_KINDS,
-    PHASES,
     LevelStats,
     Outcomes,
     PhaseMedians,
@@ -185,9 +185,9 @@ def phases_table(all_medians: list[PhaseMedians]) -> Table:
                   caption="Medians over the turns that logged each: an evaluation's duration and phases "
                           "(`phases_s` of the results judged in the run, cached ones left out; start_latency: from "
                           "the start signal to the judge; gpu_wait: for the GPU to time alone; gate_wait: at the "
-                          "GPU's gate), then the agent's: evaluation, from an answer to its verdict with the queue (judged "
-                          "turns), and generation, of the turn's batch (every turn). Set against another run's, it shows whether a slower "
-                          "run spent its time on the GPU or on the host.")
+                          "GPU's gate), then the agent's: evaluation, from an answer to its verdict with the queue "
+                          "(judged turns), and generation, of the turn's batch (every turn). Set against another "
+                          "run's, it shows whether a slower run spent its time on the GPU or on the host.")
     for medians in all_medians:
         table.rows.append([medians.run, medians.judged, *(medians.medians.get(name) for name in shown)])
     return table
