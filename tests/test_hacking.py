@@ -31,7 +31,8 @@ import pytest
 
 import drkernel
 from drkernel.feedback import render
-from drkernel.runner.devices import discover_gpus, resolve_device
+from drkernel.runner.devices import resolve_device
+from drkernel.runner.evaluate import sandbox_for, with_overrides
 from drkernel.runner.sandbox import Sandbox
 from drkernel.sandbox import guards
 from drkernel.schema import EvalOptions, EvalRequest, EvalResult, Status
@@ -84,15 +85,9 @@ def evaluate_file(path: Path, sandbox: Sandbox | None = None) -> EvalResult:
     options = {**FAST, **json.loads(fields.get("options") or "{}")}
     if sandbox is None:
         return drkernel.evaluate(task_source(fields["task"]), path.read_text(), **options)
-    request_options = EvalOptions.from_dict({**EvalOptions().to_dict(), **options})
+    request_options = with_overrides(None, **options)
     assert resolve_device(request_options.device) == sandbox.device
     return sandbox.evaluate(EvalRequest(task_source(fields["task"]), path.read_text(), request_options))
-
-
-def new_sandbox() -> Sandbox:
-    """A sandbox as `drkernel.evaluate` makes one for the default device."""
-    device = resolve_device(EvalOptions().device)
-    return Sandbox(device=device, gpu=discover_gpus()[0] if device == "cuda" else None)
 
 
 def describe(result: EvalResult) -> str:
@@ -120,7 +115,7 @@ def results(request: pytest.FixtureRequest) -> Iterator[dict[Path, Future[EvalRe
         try:
             sandbox = sandboxes.get_nowait()
         except queue.Empty:
-            sandbox = new_sandbox()
+            sandbox = sandbox_for(EvalOptions())  # as drkernel.evaluate makes one for the default device
             made.append(sandbox)
         try:
             return evaluate_file(path, sandbox)

@@ -14,10 +14,20 @@ def evaluate(reference: str, candidate: str, options: EvalOptions | None = None,
 
     For many evaluations use `drkernel.scheduling.scheduler.Scheduler`, which keeps workers warm.
     """
-    options = EvalOptions.from_dict({**(options or EvalOptions()).to_dict(), **overrides})
-    device = resolve_device(options.device)
-    sandbox = Sandbox(device=device, gpu=discover_gpus()[0] if device == "cuda" else None)
+    options = with_overrides(options, **overrides)
+    sandbox = sandbox_for(options)
     try:
         return sandbox.evaluate(EvalRequest(reference, candidate, options))
     finally:
         sandbox.close()
+
+
+def with_overrides(options: EvalOptions | None, **overrides: Any) -> EvalOptions:
+    """`options` (the defaults when None) with the named fields replaced, validated as a request's are."""
+    return EvalOptions.from_dict({**(options or EvalOptions()).to_dict(), **overrides})
+
+
+def sandbox_for(options: EvalOptions) -> Sandbox:
+    """A sandbox on the device the options ask for (on a GPU machine, the first GPU); the caller closes it."""
+    device = resolve_device(options.device)
+    return Sandbox(device=device, gpu=discover_gpus()[0] if device == "cuda" else None)
