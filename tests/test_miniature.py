@@ -205,6 +205,8 @@ def test_gpus_pool_the_per_policy_stages_in_stage_then_policy_order(tmp_path, mo
 @pytest.mark.slow
 def test_sft_without_a_base_builds_a_policy_from_scratch(tmp_path):
     """The cpu profile's other start: a tokenizer trained on the rows and a random policy, then a bf16 checkpoint."""
+    import torch
+
     from drkernel.train.policy import PolicyShape
     from drkernel.train.sft import SFTRunConfig, run_sft, weights_digest
 
@@ -216,9 +218,20 @@ def test_sft_without_a_base_builds_a_policy_from_scratch(tmp_path):
     assert summary["trained_parameters"] == summary["parameters"]  # all of them, without LoRA
     assert (tmp_path / "out" / "policy" / "tokenizer.json").exists()
     assert json.loads((tmp_path / "out" / "final" / "config.json").read_text())["dtype"] == "bfloat16"
-    # the digest covers every weight file's bytes: the same rows, seed and machine give the same policy again
-    again = run_sft(SFTRunConfig(str(tmp_path / "sft.jsonl"), str(tmp_path / "again"), PolicyShape(vocab_size=300),
-                                 max_steps=1, use_cpu=True, per_device_train_batch_size=1, logging_steps=1))
+    # the digest covers every weight file's bytes: the same rows, seed and machine give the same policy again, also
+    # under full determinism (which the Trainer switches on for its process: put back here for the other tests)
+    environ = dict(os.environ)
+    try:
+        again = run_sft(SFTRunConfig(str(tmp_path / "sft.jsonl"), str(tmp_path / "again"), PolicyShape(vocab_size=300),
+                                     max_steps=1, use_cpu=True, per_device_train_batch_size=1, logging_steps=1,
+                                     full_determinism=True))
+        assert torch.are_deterministic_algorithms_enabled() and os.environ["CUBLAS_WORKSPACE_CONFIG"]
+    finally:
+        torch.use_deterministic_algorithms(False)
+        torch.backends.cudnn.deterministic = False
+        os.environ.clear()
+        os.environ.update(environ)
+    assert again["config"]["full_determinism"] and not summary["config"]["full_determinism"]
     assert again["weights_sha256"] == summary["weights_sha256"] == weights_digest(tmp_path / "out" / "final")
     weights = next((tmp_path / "again" / "final").glob("*.safetensors"))
     data = weights.read_bytes()

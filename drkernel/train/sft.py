@@ -56,6 +56,10 @@ class SFTRunConfig:
     max_shard_size: str = "15MB"  # each saved file stays under the 16 MiB a device call brings back
     lora_rank: int = 0  # > 0: train a LoRA adapter (drkernel.train.lora) and save it, not the whole model, as final/
     lora_alpha: int = 0  # 0: twice the rank
+    # transformers' full determinism (deterministic torch algorithms, cuBLAS workspace, blocking launches): without it
+    # the same rows and seed gave three different SFT policies in three GPU leases, two of them on H100s
+    # (docs/experiments.md, "Leases 7 and 8"), so an adapter trained over one does not sit on the same weights later
+    full_determinism: bool = False
 
     def __post_init__(self) -> None:
         if isinstance(self.policy, dict):
@@ -108,6 +112,7 @@ def sft_config(config: SFTRunConfig) -> Any:
         use_cpu=config.use_cpu,
         seed=config.seed,
         data_seed=config.seed,
+        full_determinism=config.full_determinism,
         logging_steps=config.logging_steps,
         save_strategy="no",
         report_to=["none"],
