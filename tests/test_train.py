@@ -471,6 +471,25 @@ def test_training_config_error_from_the_cli(tmp_path):
     assert "unknown config key(s) nope" in result.output
 
 
+def test_a_step_that_draws_more_prompts_than_there_are_tasks_is_an_error(tmp_path, monkeypatch):
+    """TRL's sampler yields whole steps only, so 4 prompts a step over 2 tasks trained 0 steps and exited 0."""
+    from drkernel.train import run as run_module
+
+    tasks = tmp_path / "tasks"
+    tasks.mkdir()
+    for name in ("1_vector_add", "2_relu"):
+        shutil.copy(REPO / "examples" / "tasks" / f"{name}.py", tasks)
+    settings = [f"tasks={tasks}", f"output_dir={tmp_path / 'run'}", "num_generations=4",
+                "per_device_train_batch_size=8", "gradient_accumulation_steps=2"]
+    with pytest.raises(ConfigError, match=r"a step draws 4 prompts \(per_device_train_batch_size 8 x "
+                                          r"gradient_accumulation_steps 2 x 1 process\(es\) / num_generations 4\), "
+                                          rf"and {tasks} holds 2 task\(s\)"):
+        run_module.train(load_config(TINY, settings))
+    assert not (tmp_path / "run").exists()  # refused before anything was written
+    monkeypatch.setenv("WORLD_SIZE", "2")  # two processes draw twice the prompts
+    assert run_module.prompts_per_step(load_config(TINY, settings)) == 8
+
+
 def test_a_used_output_dir_is_refused_and_resume_past_max_steps_is_an_error(tmp_path):
     """A second fresh run in a used folder would mix its metrics with the first one's checkpoints (friction 1)."""
     from drkernel.train import run as run_module

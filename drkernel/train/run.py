@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import os
 import re
 from pathlib import Path
 from typing import Any
@@ -94,6 +95,17 @@ def holds_a_run(output_dir: Path) -> bool:
     return (output_dir / "metrics.jsonl").exists() or any(output_dir.glob("checkpoint-*"))
 
 
+def _processes() -> int:
+    return int(os.environ.get("WORLD_SIZE", "1"))  # what torchrun and accelerate launch set for each process
+
+
+def prompts_per_step(config: TrainConfig) -> int:
+    """Distinct prompts (tasks) one optimizer step draws: its trajectories over all processes, num_generations a
+    prompt."""
+    trajectories = config.per_device_train_batch_size * config.gradient_accumulation_steps * _processes()
+    return trajectories // config.num_generations
+
+
 def _checkpoint_step(checkpoint: str) -> int:
     return int(Path(checkpoint).name.rpartition("-")[2])
 
@@ -118,6 +130,14 @@ def train(config: TrainConfig, resume: bool = False, generate: GenerateFn | None
         raise ConfigError(f"--resume: {checkpoint} is already at step {_checkpoint_step(checkpoint)}, and max_steps is "
                           f"{config.max_steps}; raise max_steps to train further")
     tasks = load_tasks(config.tasks)
+    per_step = prompts_per_step(config)
+    if len(tasks) < per_step:
+        # TRL's sampler draws whole steps only: it would train no step, and the run would end as if it had
+        raise ConfigError(
+            f"a step draws {per_step} prompts (per_device_train_batch_size {config.per_device_train_batch_size} x "
+            f"gradient_accumulation_steps {config.gradient_accumulation_steps} x {_processes()} process(es) / "
+            f"num_generations {config.num_generations}), and {config.tasks} holds {len(tasks)} task(s), so no step "
+            "could be trained; give more tasks or draw fewer prompts a step")
     validation = load_tasks(config.validation_tasks) if config.validation_tasks else []
     out.mkdir(parents=True, exist_ok=True)
     if config.log_samples:
