@@ -481,6 +481,7 @@ def test_a_step_that_draws_more_prompts_than_there_are_tasks_is_an_error(tmp_pat
         shutil.copy(REPO / "examples" / "tasks" / f"{name}.py", tasks)
     settings = [f"tasks={tasks}", f"output_dir={tmp_path / 'run'}", "num_generations=4",
                 "per_device_train_batch_size=8", "gradient_accumulation_steps=2"]
+    monkeypatch.delenv("WORLD_SIZE", raising=False)  # one process
     with pytest.raises(ConfigError, match=r"a step draws 4 prompts \(per_device_train_batch_size 8 x "
                                           r"gradient_accumulation_steps 2 x 1 process\(es\) / num_generations 4\), "
                                           rf"and {tasks} holds 2 task\(s\)"):
