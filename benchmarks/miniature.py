@@ -262,7 +262,9 @@ class Pipeline:
             return []
         args = ["train", "--config", str(REPO / self.p.rl_config), "--set", f"model={self.policy_path('sft')}",
                 "--set", f"tasks={self.root / 'train' / 'tasks'}",
-                "--set", f"validation_tasks={self.root / 'validation' / 'tasks'}", "--set", f"output_dir={out}"]
+                "--set", f"validation_tasks={self.root / 'validation' / 'tasks'}", "--set", f"output_dir={out}",
+                # every judged turn with its task, advantage and code: what the update pushed towards, step by step
+                "--log-samples", str(out / "samples.jsonl")]
         for setting in (*settings, *self.p.rl_settings, *([f"seed={seed}"] if seed is not None else [])):
             args += ["--set", setting]
         if any(out.glob("checkpoint-*")):

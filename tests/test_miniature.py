@@ -43,9 +43,12 @@ def test_gpu_commands_differ_only_in_the_ablation(tmp_path, capsys):
     common = f"--set model={tmp_path}/sft/final --set tasks={tmp_path}/train/tasks"
     assert len(rl) == 3 and all(common in line and "examples/mini/rl_gpu.yaml" in line for line in rl)
     assert [line.split(f"output_dir={tmp_path}/rl/")[1] for line in rl] == [
-        "grpo --set advantage_estimator=grpo --set profiling_reward=false --set prs=false",
-        "trloo --set advantage_estimator=trloo --set profiling_reward=false --set prs=false",
-        "recipe --set advantage_estimator=trloo --set profiling_reward=true --set prs=true",
+        f"grpo --log-samples {tmp_path}/rl/grpo/samples.jsonl "
+        "--set advantage_estimator=grpo --set profiling_reward=false --set prs=false",
+        f"trloo --log-samples {tmp_path}/rl/trloo/samples.jsonl "
+        "--set advantage_estimator=trloo --set profiling_reward=false --set prs=false",
+        f"recipe --log-samples {tmp_path}/rl/recipe/samples.jsonl "
+        "--set advantage_estimator=trloo --set profiling_reward=true --set prs=true",
     ]
     transfer = [line for line in lines if line.startswith("[transfer]")]
     assert len(transfer) == 4
@@ -162,10 +165,13 @@ def test_a_replicate_is_the_same_run_with_its_own_seed_and_folder(tmp_path, caps
     assert miniature.main(["rl", "stts", "report", "--root", str(tmp_path), "--dry-run", "--policies", "sft", "recipe",
                            "recipe-s1", "grpo-s2"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    rl = [line.split(f"output_dir={tmp_path}/rl/")[1] for line in lines if line.startswith("[rl]")]
-    assert rl == ["recipe --set advantage_estimator=trloo --set profiling_reward=true --set prs=true",
-                  "recipe-s1 --set advantage_estimator=trloo --set profiling_reward=true --set prs=true --set seed=1",
-                  "grpo-s2 --set advantage_estimator=grpo --set profiling_reward=false --set prs=false --set seed=2"]
+    rl = [line.split(f"output_dir={tmp_path}/rl/")[1].split(" --set ", 1) for line in lines if line.startswith("[rl]")]
+    assert rl == [[f"recipe --log-samples {tmp_path}/rl/recipe/samples.jsonl",
+                   "advantage_estimator=trloo --set profiling_reward=true --set prs=true"],
+                  [f"recipe-s1 --log-samples {tmp_path}/rl/recipe-s1/samples.jsonl",
+                   "advantage_estimator=trloo --set profiling_reward=true --set prs=true --set seed=1"],
+                  [f"grpo-s2 --log-samples {tmp_path}/rl/grpo-s2/samples.jsonl",
+                   "advantage_estimator=grpo --set profiling_reward=false --set prs=false --set seed=2"]]
     stts = [line.split(" --out ")[1].split()[0] for line in lines if line.startswith("[stts]")]
     assert stts == [f"{tmp_path}/stts/sft", f"{tmp_path}/stts/recipe", f"{tmp_path}/stts/recipe-s1"]  # (d)'s replicate too
     for bad in ("sft-s1", "recipe-s", "recipe-sx", "dpo"):
@@ -286,6 +292,10 @@ def test_tiny_pipeline_on_the_cpu(tmp_path, capsys):
         assert metrics["step"] == 1 and len(metrics["turn_correct"]) == 2
         assert len(metrics["validation"]["turn_fast_1_2"]) == 2
         assert (root / "rl" / name / "validation" / "step_1" / "summary.json").exists()
+        # the step's judged turns, one line each (1 prompt x 1 sample x up to 2 turns), with the code they judged
+        samples = [json.loads(line) for line in (root / "rl" / name / "samples.jsonl").read_text().splitlines()]
+        assert len(samples) == metrics["evaluations"] + sum(r["status"] == "format_error" for r in samples) > 0
+        assert all(r["step"] == 1 and "code" in r for r in samples)
 
     # bench on the test split for the four policies, STTS of (a) and (d), transfer, then the reports
     for stage, names, turns in (("bench", miniature.POLICIES, 2), ("stts", ("sft", "recipe"), 3),

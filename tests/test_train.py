@@ -377,6 +377,10 @@ def test_two_steps_then_resume(tmp_path, monkeypatch, tiny_policy):
     # --log-samples: advantages are drkernel.rl's TRLOO over (prompt, turn) groups of the logged returns
     rows = _read(samples)
     assert len(rows) == 2 * 2 * 2 * 2  # steps x prompts x samples x turns
+    # each line carries the answer it logs: the script's candidate file, or none where the answer had no code
+    candidates = {p.read_text().strip() for p in CANDIDATES.glob("*.py")}
+    assert all(r["code"] is None or r["code"].strip() in candidates for r in rows)
+    assert any(r["code"] for r in rows) and all((r["code"] is None) == (r["status"] == "format_error") for r in rows)
     for step in (1, 2):
         mine = [r for r in rows if r["step"] == step]
         returns = [r["return"] for r in mine]

@@ -107,7 +107,7 @@ class TrainConfig:
     report_to: list[str] = field(default_factory=lambda: ["none"])
     validation_every: int = 0  # steps; 0: never
     validation_samples: int = 1
-    log_samples: str | None = None  # a JSONL file with one line per (step, prompt, sample, turn)
+    log_samples: str | None = None  # a JSONL file with one line per (step, prompt, sample, turn), the code included
 
     def __post_init__(self) -> None:
         problems = []

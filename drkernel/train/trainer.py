@@ -225,7 +225,7 @@ class DrKernelTrainer(trl.GRPOTrainer):
                     "trajectory": base + i, "turn": record.turn, "reward": record.reward, "correct": record.correct,
                     "coverage": turn_coverage(record), "speedup": record.speedup, "status": record.status,
                     "kind": answer_kind(record.result).value,
-                    "mrs": None if mrs_local is None else mrs_local[n], "task": record.task,
+                    "mrs": None if mrs_local is None else mrs_local[n], "task": record.task, "code": record.code,
                 })
                 n += 1
         rows = accelerate_utils.gather_object(rows)
@@ -264,7 +264,7 @@ class DrKernelTrainer(trl.GRPOTrainer):
                         "step": step, "prompt_id": s.prompt_id, "sample": s.sample, "turn": s.turn, "task": r["task"],
                         "reward": s.reward, "return": s.ret, "advantage": s.advantage, "correct": r["correct"],
                         "coverage": r["coverage"], "kept": s.kept, "why_not": s.why_not, "status": r["status"],
-                        "speedup": r["speedup"], "kind": r["kind"],
+                        "speedup": r["speedup"], "kind": r["kind"], "code": r["code"],
                     }) + "\n")
 
     def validate(self, step: int) -> dict[str, Any]:
