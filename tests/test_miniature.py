@@ -296,6 +296,7 @@ def test_tiny_pipeline_on_the_cpu(tmp_path, capsys):
         samples = [json.loads(line) for line in (root / "rl" / name / "samples.jsonl").read_text().splitlines()]
         assert len(samples) == metrics["evaluations"] + sum(r["status"] == "format_error" for r in samples) > 0
         assert all(r["step"] == 1 and "code" in r for r in samples)
+        assert metrics["tasks"] == sorted({r["task"] for r in samples}) and len(metrics["tasks"]) == 1  # 1 prompt a step
 
     # bench on the test split for the four policies, STTS of (a) and (d), transfer, then the reports
     for stage, names, turns in (("bench", miniature.POLICIES, 2), ("stts", ("sft", "recipe"), 3),

@@ -335,6 +335,7 @@ class DrKernelTrainer(trl.GRPOTrainer):
         stats = self.rollout.stats
         return {
             "step": step,
+            "tasks": sorted({r["task"] for r in rows}),  # the step's prompts: most of the noise between runs' steps
             "reward_mean": rewards.mean().item() if len(rows) else 0.0,
             "reward_std": rewards.std().item() if len(rows) > 1 else 0.0,
             "turn_correct": (torch.tensor(correct).sum(0) / reached_turns).tolist(),
