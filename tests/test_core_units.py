@@ -508,6 +508,15 @@ def test_a_subject_that_aborts_is_one_crash_by_signal_with_the_cause_its_stderr_
     assert os.WTERMSIG(link.stop()) == signal.SIGABRT and signalled == []  # its PID may be another's by now
 
 
+def test_a_crash_message_names_the_reference_s_outputs() -> None:
+    from drkernel.sandbox.judge import _described
+
+    assert _described(torch.zeros(4, 2)) == "a float32 tensor of shape (4, 2)"
+    many = (torch.zeros(3, dtype=torch.int64), 2.0, *[torch.zeros(1)] * 3)
+    assert _described(many) == ("5 outputs: an int64 tensor of shape (3,); a float; a float32 tensor of shape (1,); "
+                                "a float32 tensor of shape (1,); ...")
+
+
 def test_the_judge_keeps_each_gated_phase_s_most_memory_in_both_processes(tmp_path, monkeypatch) -> None:
     """Per phase, over all its holds, the most each process's allocator held (the subject's from its replies, whose
     claims are checked for type and range): what shows whether two evaluations' phases fit beside each other."""

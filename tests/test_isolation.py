@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -75,6 +76,14 @@ def test_hostile_candidate_gets_its_verdict(sandbox: Sandbox, name: str) -> None
     assert result.error.message
     assert not result.correct
     assert elapsed < TIMEOUT_S + SLACK_S
+
+
+def test_a_crash_in_a_call_names_what_the_reference_returns(sandbox: Sandbox) -> None:
+    """The usual crash is a store past an output allocated too small: the message gives the size to allocate."""
+    result = sandbox.evaluate(EvalRequest(REFERENCE, CASES["segfault"][0], options()))
+    assert (result.status, result.error.kind) == ("crashed", "Signal"), result.to_json(indent=1)
+    assert re.search(r"killed by SIGSEGV .*; for these inputs the reference returns a float32 tensor of shape "
+                     r"\(\d+,\)$", result.error.message), result.error.message
 
 
 def test_next_evaluation_is_unaffected(sandbox: Sandbox) -> None:

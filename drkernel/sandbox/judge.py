@@ -192,6 +192,17 @@ class SubjectLink:
             self.death = self._classify_death(exc)
         return self.death
 
+    def named_outputs(self, failure: Failure, ref_out: Any) -> Failure:
+        """A call that killed the subject (most often a store outside an output the candidate allocated too small),
+        with what the reference returns for the same inputs, computed before the call: what to size the outputs to.
+        It stands as the subject's end for whatever asks later."""
+        if failure.status is not Status.CRASHED or failure.kind != "Signal":
+            return failure
+        self.death = Failure(failure.status, failure.kind,
+                             f"{failure.message}; for these inputs the reference returns {_described(ref_out)}",
+                             failure.tb)
+        return self.death
+
     def _classify_death(self, exc: Exception) -> Failure:
         status = self.stop()
         tail, causes = _stderr(self.scratch / "stderr.txt")
@@ -478,7 +489,10 @@ class Judge:
             ref_out = reference.call(*inputs)
         # Everything the judge needs of these inputs is computed before the subject sees them (on a GPU it maps them).
         precision = self._precision(reference, inputs, ref_out, training, grad_mode) if with_precision else None
-        reply, payloads = self.link.ask("call", {"inputs": inputs}, mode=label)
+        try:
+            reply, payloads = self.link.ask("call", {"inputs": inputs}, mode=label)
+        except Failure as failure:
+            raise self.link.named_outputs(failure, ref_out) from None
         cand_out = self.link.values(reply, payloads, "outputs")
         own = {str(k): int(v) for k, v in reply.get("own", {}).items() if isinstance(v, int)}
         report.launches_by_mode[label] = report.launches_by_mode.get(label, 0) + sum(own.values())
@@ -959,6 +973,21 @@ def _identical(a: Any, b: Any) -> bool:
     if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
         return a.shape == b.shape and guards._same_values(a, b)
     return type(a) is type(b) and not isinstance(a, channel.Opaque) and a == b
+
+
+def _described(out: Any) -> str:
+    """A forward's outputs as a sentence's object: "a float32 tensor of shape (4096, 2048)", or a list of them."""
+    def one(value: Any) -> str:
+        if isinstance(value, torch.Tensor):
+            name = str(value.dtype).removeprefix("torch.")
+            return f"{'an' if name[0] in 'aeiou' else 'a'} {name} tensor of shape {tuple(value.shape)}"
+        return f"a {type(value).__name__}"
+
+    outputs = correctness.flatten_outputs(out)
+    if len(outputs) == 1:
+        return one(outputs[0])
+    shown = "; ".join(one(value) for value in outputs[:4])
+    return f"{len(outputs)} outputs: {shown}" + ("; ..." if len(outputs) > 4 else "")
 
 
 def _stderr(path: Path) -> tuple[str, list[str]]:
