@@ -356,8 +356,7 @@ class Pipeline:
             for name in self.policies:
                 if not self.applies(stage, name):
                     continue
-                needed = self.needs(stage, name)
-                if needed is not None and not self.dry_run and not needed.exists():
+                if not self.dry_run and _missing(self.needs(stage, name)):
                     print(f"[{stage}] {name}: not trained yet, left for a later call", flush=True)
                     continue
                 steps += getattr(self, stage)(name)
@@ -410,7 +409,7 @@ class Pipeline:
         load_due = time.monotonic() + LOAD_EVERY_S
 
         def ready() -> Job | None:
-            return next((job for job in pending if job.needs is None or job.needs.exists()), None)
+            return next((job for job in pending if not _missing(job.needs)), None)
 
         while pending or running:
             if running and time.monotonic() >= load_due:
@@ -425,8 +424,7 @@ class Pipeline:
                         break
                     print(f"[{job.name}] done already", flush=True)
             makers = {job.policy for job in [*pending, *(run[0] for run in running.values())] if job.stage == "rl"}
-            for job in [job for job in pending if job.needs is not None and not job.needs.exists()
-                        and job.policy not in makers]:
+            for job in [job for job in pending if _missing(job.needs) and job.policy not in makers]:
                 pending.remove(job)
                 print(f"[{job.stage}] {job.policy}: not trained yet, left for a later call", flush=True)
             for slot, (job, step, process, log, started) in list(running.items()):
@@ -461,6 +459,11 @@ class Pipeline:
         process = subprocess.Popen(step.argv(), env=env, stdout=log, stderr=subprocess.STDOUT, cwd=REPO,
                                    start_new_session=True)
         return job, step, process, log, time.perf_counter()
+
+
+def _missing(policy: Path | None) -> bool:
+    """Whether a run needs a policy (`Pipeline.needs`) that is not on disk yet."""
+    return policy is not None and not policy.exists()
 
 
 def _host_load() -> str:

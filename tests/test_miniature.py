@@ -173,7 +173,8 @@ def test_a_replicate_is_the_same_run_with_its_own_seed_and_folder(tmp_path, caps
                   [f"grpo-s2 --log-samples {tmp_path}/rl/grpo-s2/samples.jsonl",
                    "advantage_estimator=grpo --set profiling_reward=false --set prs=false --set seed=2"]]
     stts = [line.split(" --out ")[1].split()[0] for line in lines if line.startswith("[stts]")]
-    assert stts == [f"{tmp_path}/stts/sft", f"{tmp_path}/stts/recipe", f"{tmp_path}/stts/recipe-s1"]  # (d)'s replicate too
+    # (d)'s replicate too
+    assert stts == [f"{tmp_path}/stts/sft", f"{tmp_path}/stts/recipe", f"{tmp_path}/stts/recipe-s1"]
     for bad in ("sft-s1", "recipe-s", "recipe-sx", "dpo"):
         with pytest.raises(SystemExit):
             miniature.main(["rl", "--root", str(tmp_path), "--dry-run", "--policies", bad])
@@ -296,7 +297,8 @@ def test_tiny_pipeline_on_the_cpu(tmp_path, capsys):
         samples = [json.loads(line) for line in (root / "rl" / name / "samples.jsonl").read_text().splitlines()]
         assert len(samples) == metrics["evaluations"] + sum(r["status"] == "format_error" for r in samples) > 0
         assert all(r["step"] == 1 and "code" in r for r in samples)
-        assert metrics["tasks"] == sorted({r["task"] for r in samples}) and len(metrics["tasks"]) == 1  # 1 prompt a step
+        # one prompt a step
+        assert metrics["tasks"] == sorted({r["task"] for r in samples}) and len(metrics["tasks"]) == 1
 
     # bench on the test split for the four policies, STTS of (a) and (d), transfer, then the reports
     for stage, names, turns in (("bench", miniature.POLICIES, 2), ("stts", ("sft", "recipe"), 3),

@@ -304,6 +304,15 @@ def _scripted_generate(tokenizer, logprobs=False):
     return generate
 
 
+def _two_tasks(tmp_path):
+    """A task folder of examples/ 1_vector_add and 2_relu."""
+    tasks = tmp_path / "tasks"
+    tasks.mkdir()
+    for name in ("1_vector_add", "2_relu"):
+        shutil.copy(REPO / "examples" / "tasks" / f"{name}.py", tasks)
+    return tasks
+
+
 def _read(path):
     return [json.loads(line) for line in Path(path).read_text().splitlines()]
 
@@ -315,10 +324,7 @@ def test_two_steps_then_resume(tmp_path, monkeypatch, tiny_policy):
     from drkernel.train import run as run_module
     from drkernel.train.trainer import DrKernelTrainer
 
-    tasks = tmp_path / "tasks"
-    tasks.mkdir()
-    for name in ("1_vector_add", "2_relu"):
-        shutil.copy(REPO / "examples" / "tasks" / f"{name}.py", tasks)
+    tasks = _two_tasks(tmp_path)
     out = tmp_path / "run"
     samples = tmp_path / "samples.jsonl"
     settings = [f"tasks={tasks}", f"output_dir={out}", f"model={tiny_policy}", "turns=2", "num_generations=2",
@@ -479,10 +485,7 @@ def test_a_step_that_draws_more_prompts_than_there_are_tasks_is_an_error(tmp_pat
     """TRL's sampler yields whole steps only, so 4 prompts a step over 2 tasks trained 0 steps and exited 0."""
     from drkernel.train import run as run_module
 
-    tasks = tmp_path / "tasks"
-    tasks.mkdir()
-    for name in ("1_vector_add", "2_relu"):
-        shutil.copy(REPO / "examples" / "tasks" / f"{name}.py", tasks)
+    tasks = _two_tasks(tmp_path)
     settings = [f"tasks={tasks}", f"output_dir={tmp_path / 'run'}", "num_generations=4",
                 "per_device_train_batch_size=8", "gradient_accumulation_steps=2"]
     monkeypatch.delenv("WORLD_SIZE", raising=False)  # one process

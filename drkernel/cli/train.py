@@ -19,7 +19,8 @@ def train_command(
     overrides: Optional[list[str]] = typer.Option(None, "--set", help="key=value, overriding the file; repeatable."),
     resume: bool = flag("--resume", help="Continue from the last checkpoint in output_dir."),
     log_samples: Optional[Path] = typer.Option(
-        None, "--log-samples", help="JSONL: one line per (step, prompt, sample, turn) with its advantage, kept and code."
+        None, "--log-samples",
+        help="JSONL: one line per (step, prompt, sample, turn) with its advantage, kept and code.",
     ),
 ) -> None:
     """Train a policy with the Dr. Kernel recipe (TRLOO, PR, PRS, MRS) on KernelGym rewards."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import itertools
 import json
 import os
 import re
@@ -67,20 +68,14 @@ def last_checkpoint(output_dir: str | Path) -> str | None:
 
 def cut_checkpoints(output_dir: str | Path) -> list[str]:
     """Checkpoints newer than the last whole one: left by a run stopped while saving (safe to delete)."""
-    cut = []
-    for path in _checkpoints(Path(output_dir)):
-        if _whole(path):
-            break
-        cut.append(str(path))
-    return cut
+    return [str(path) for path in itertools.takewhile(lambda path: not _whole(path), _checkpoints(Path(output_dir)))]
 
 
 def _checkpoints(folder: Path) -> list[Path]:
     if not folder.is_dir():
         return []
-    found = [(int(m.group(1)), path) for path in folder.iterdir()
-             if path.is_dir() and (m := CHECKPOINT.fullmatch(path.name))]
-    return [path for _, path in sorted(found, reverse=True)]
+    found = [path for path in folder.iterdir() if path.is_dir() and CHECKPOINT.fullmatch(path.name)]
+    return sorted(found, key=_checkpoint_step, reverse=True)
 
 
 def _whole(checkpoint: Path) -> bool:
@@ -106,8 +101,10 @@ def prompts_per_step(config: TrainConfig) -> int:
     return trajectories // config.num_generations
 
 
-def _checkpoint_step(checkpoint: str) -> int:
-    return int(Path(checkpoint).name.rpartition("-")[2])
+def _checkpoint_step(checkpoint: str | Path) -> int:
+    match = CHECKPOINT.fullmatch(Path(checkpoint).name)
+    assert match is not None, checkpoint  # only checkpoints _checkpoints found come here
+    return int(match.group(1))
 
 
 def train(config: TrainConfig, resume: bool = False, generate: GenerateFn | None = None) -> Any:
