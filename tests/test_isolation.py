@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from drkernel.runner import sandbox as sandbox_module
 from drkernel.runner.sandbox import Sandbox
 from drkernel.schema import EvalOptions, EvalRequest
 
@@ -155,3 +156,29 @@ def test_cli_bad_arguments_exit_nonzero_with_a_message(tmp_path: Path) -> None:
     assert proc.returncode == 2
     assert "cannot read the reference" in proc.stderr
     assert proc.stdout == ""
+
+
+def test_the_memory_watch_scans_proc_once_per_interval_for_all_evaluations(monkeypatch) -> None:
+    """The watchdog's /proc scan is shared and rate-limited (one per evaluation every 50 ms kept half a core of a
+    worker busy on a loaded host), and still sees a group's memory: a process in its own session holding 200 MB."""
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; x = bytearray(200 << 20); "
+                               "print('ready', flush=True); time.sleep(60)"], stdout=subprocess.PIPE, text=True,
+                              start_new_session=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "ready"
+        memory = sandbox_module.GroupMemory()
+        assert memory.rss(holder.pid) > 190 << 20
+        assert memory.rss(os.getpgrp()) > 0 and memory.rss(2 ** 22 + 7) == 0  # ours; a group that cannot exist
+
+        scans = []
+        real = sandbox_module.procfs.processes
+        monkeypatch.setattr(sandbox_module.procfs, "processes", lambda: scans.append(1) or real())
+        memory = sandbox_module.GroupMemory()
+        for _ in range(100):  # three evaluations' watches, many times within one interval
+            memory.rss(holder.pid), memory.rss(os.getpgrp()), memory.rss(1)
+        assert len(scans) == 1
+        time.sleep(sandbox_module.MEMORY_CHECK_S)
+        assert memory.rss(holder.pid) > 190 << 20 and len(scans) == 2
+    finally:
+        holder.kill()
+        holder.wait()

@@ -31,6 +31,7 @@ from drkernel.runner.forkserver import ForkServer, ForkServerDied, JobHandle
 from drkernel.schema import ErrorInfo, EvalRequest, EvalResult, HackReason, Status
 
 WATCH_INTERVAL_S = 0.05
+MEMORY_CHECK_S = 0.25  # at most one /proc scan this often for all of a sandbox's evaluations (GroupMemory)
 KILL_GRACE_S = 5.0
 OUTPUT_TAIL_CHARS = 3000
 GPU_OVERLAP = 3  # evaluations running at once on one GPU: checking correctness together, timing one at a time
@@ -74,6 +75,7 @@ class Sandbox:
         self.triton_cache = Path(triton_cache or os.environ.get("DRKERNEL_TRITON_CACHE", default_cache))
         self.triton_cache.mkdir(mode=0o700, parents=True, exist_ok=True)
         self.memory_cap_mb = memory_cap_mb or memory_share_mb(1)
+        self.memory = GroupMemory()
         # CPU timings are wall clock: evaluations there run alone unless asked otherwise.
         self.overlap = overlap or (GPU_OVERLAP if device == "cuda" else 1)
         if self.overlap < 1:
@@ -152,7 +154,7 @@ class Sandbox:
             last = now
             if now > deadline:
                 outcome = "timeout"
-            elif _group_rss(handle.pid) > limit_bytes:
+            elif self.memory.rss(handle.pid) > limit_bytes:
                 outcome = "memory"
             else:
                 continue
@@ -288,6 +290,22 @@ def _output_tail(workdir: Path) -> str:
     return "\n".join(parts)
 
 
-def _group_rss(pgid: int) -> int:
-    """Resident memory of every process in the evaluation's process group, in bytes."""
-    return sum(p.rss_bytes for p in procfs.processes() if p.pgrp == pgid)
+class GroupMemory:
+    """Resident memory of each process group, from one scan of /proc at most every MEMORY_CHECK_S, shared by all of a
+    sandbox's running evaluations. A scan reads every process's stat file: one for each evaluation every 50 ms kept
+    half a core of each worker busy on a host running four RL runs (docs/experiments.md, lease 9)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._by_group: dict[int, int] = {}
+        self._scanned_at = float("-inf")
+
+    def rss(self, pgid: int) -> int:
+        """The group's resident bytes, as of a scan at most MEMORY_CHECK_S old."""
+        with self._lock:
+            if time.monotonic() - self._scanned_at >= MEMORY_CHECK_S:
+                by_group: dict[int, int] = {}
+                for process in procfs.processes():
+                    by_group[process.pgrp] = by_group.get(process.pgrp, 0) + process.rss_bytes
+                self._by_group, self._scanned_at = by_group, time.monotonic()
+            return self._by_group.get(pgid, 0)
