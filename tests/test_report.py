@@ -421,6 +421,17 @@ def test_figures_fit_what_they_show(tmp_path, monkeypatch):
     [line] = drawn[-1].axes[0].get_lines()
     assert line.get_marker() == "o"
 
+    # the step's own prompts: Fast@1.2 of its first and last turn, and its first answers' kinds (the miniature's
+    # runs record no validation: this is where they move)
+    kinds = [{"fused": 0.25, "partial": 0.5, "lazy": 0.125}, {"fused": 0.5, "partial": 0.0, "lazy": 0.0}]
+    figures.training_figure([("run", [{"step": step, "turn_fast_1_2": [0.1 * step, 0.2 * step, 0.3 * step],
+                                       "turn_kind_shares": kinds} for step in (1, 2)])], tmp_path / "t.png")
+    fast, first_kinds = drawn[-1].axes[1], drawn[-1].axes[2]
+    assert {line.get_label(): list(line.get_ydata()) for line in fast.get_lines()} == {
+        "run: fast_1_2_first_turn": [10.0, 20.0], "run: fast_1_2_last_turn": [30.0, 60.0]}
+    assert {line.get_label(): list(line.get_ydata()) for line in first_kinds.get_lines()} == {
+        "run: fused": [25.0, 25.0], "run: partial": [50.0, 50.0], "run: lazy": [12.5, 12.5]}
+
     stats = [LevelStats("run", "unknown", 1, 1, 1.0, {1.0: 0.5, 1.2: 0.0}, 1.0, {1: 1.0})]
     paper = Published("paper", "src", 2, {key: 0.3 for key in figures_metric_keys()})
     figures.levels_figure(stats, [paper], tmp_path / "l.png")

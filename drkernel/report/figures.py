@@ -207,30 +207,49 @@ def coverage_figure(coverages: Sequence[tuple[str, list[float]]], threshold: flo
     return _save(fig, path)
 
 
-# (title, where the keys are: the step or its "validation" object, shown in percent, (key, line style) ...)
+# (title, where the keys are: the step, its "validation" object or its first turn's kinds, shown in percent,
+# (key, line style) ...); "first"/"last" are the step's first and last turn of a per-turn list (turn_fast_1_2)
 TRAINING_PANELS = (
     ("reward", "step", False, (("reward_mean", "-"),)),
+    ("Fast@1.2 on the step's prompts (%)", "step", True, (("fast_1_2_first_turn", "-"), ("fast_1_2_last_turn", "--"))),
+    ("first answers' kinds (%)", "first_turn_kinds", True, (("fused", "-"), ("partial", "--"), ("lazy", ":"))),
     ("validation (%)", "validation", True, (("fast_1", "-"), ("fast_1_2", "--"), ("correct", ":"))),
     ("hacked and lazy shares (%)", "step", True, (("hacked_share", "-"), ("lazy_share", "--"))),
     ("kept fractions (%)", "step", True, (("kept_mrs", "-"), ("kept_prs", "--"), ("kept_void_turn", ":"))),
 )
 
 
+def _panel_values(step: dict[str, Any], where: str) -> Any:
+    """What a panel reads from one step's metrics: the step itself (with its first and last turn's Fast@1.2 taken
+    out of the per-turn list), its validation, or the kinds of its first answers."""
+    if where == "validation":
+        return step.get("validation")
+    if where == "first_turn_kinds":
+        kinds = step.get("turn_kind_shares")
+        return kinds[0] if isinstance(kinds, list) and kinds else None
+    per_turn = step.get("turn_fast_1_2")
+    if isinstance(per_turn, list) and per_turn:
+        return {**step, "fast_1_2_first_turn": per_turn[0], "fast_1_2_last_turn": per_turn[-1]}
+    return step
+
+
 def training_figure(runs: Sequence[tuple[str, list[dict[str, Any]]]], path: Path) -> Path:
-    """Training runs over optimizer steps: reward (mean +- std), validation Fast@1/Fast@1.2, hacked and lazy
-    shares, and the fractions of turns kept by MRS, PRS and the void-turn rule. Keys a run lacks are left out."""
-    fig = _figure(11.0, 7.0)
-    axes = fig.subplots(2, 2).ravel()
+    """Training runs over optimizer steps: reward (mean +- std), Fast@1.2 of the first and last turn on the step's
+    own prompts, the kinds of the first answers, validation Fast@1/Fast@1.2, hacked and lazy shares, and the
+    fractions of turns kept by MRS, PRS and the void-turn rule. Keys a run lacks are left out."""
+    fig = _figure(15.0, 7.5)
+    axes = fig.subplots(2, 3).ravel()
     for ax, (title, where, percent, series) in zip(axes, TRAINING_PANELS):
         for i, (run, steps) in enumerate(runs):
-            rows = [(s["step"], s if where == "step" else s.get("validation")) for s in steps]
+            rows = [(s["step"], _panel_values(s, where)) for s in steps]
             rows = [(step, values) for step, values in rows if isinstance(values, dict)]
             for key, style in series:
                 points = [(step, values[key]) for step, values in rows if _finite(values.get(key))]
                 if not points:
                     continue
                 xs, ys = zip(*points)
-                ax.plot(xs, [100 * y if percent else y for y in ys], style, marker="o" if where != "step" or len(xs) == 1 else None,
+                ax.plot(xs, [100 * y if percent else y for y in ys], style,
+                        marker="o" if where == "validation" or len(xs) == 1 else None,
                         markersize=3, color=_color(i), label=f"{run}: {key}")
                 if key == "reward_mean":
                     band = [(step, v[key], v["reward_std"]) for step, v in rows
