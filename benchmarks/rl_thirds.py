@@ -1,0 +1,85 @@
+"""Did RL runs move their first answers? Fast@1.2 of the first turn on the train prompts, first third of the steps
+against the last, pooled over runs (replicates), with a bootstrap interval over prompts.
+
+    python benchmarks/rl_thirds.py RUN/samples.jsonl[.gz] [...] [--p 1.2] [--draws 2000] [--seed 0]
+
+Reads what `drkernel train --log-samples` writes (one line per judged turn). Each run's steps are cut into thirds as
+`drkernel report`'s training table cuts them (drkernel.report.metrics.step_thirds); a prompt is one (run, step,
+task) with its first answers. Every step draws new prompts, so the two thirds hold different prompts: the interval
+draws each third's prompts with replacement, independently (docs/experiments.md, "Lease 9").
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import random
+import sys
+from pathlib import Path
+
+from drkernel.report.metrics import INTERVAL_DRAWS, INTERVAL_LEVEL, step_thirds
+
+Prompt = list[bool]  # the first answers of one prompt: Fast@p or not
+
+
+def read_samples(path: Path) -> list[dict]:
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt") as lines:
+        return [json.loads(line) for line in lines if line.strip()]
+
+
+def thirds(samples: list[dict], p: float) -> tuple[list[Prompt], list[Prompt]]:
+    """One run's first-turn prompts of its first and its last third of steps."""
+    steps = sorted({s["step"] for s in samples})
+    spans = step_thirds("", [{"step": step} for step in steps])
+    if len(spans) < 3:
+        raise SystemExit(f"a run with {len(steps)} steps has no thirds to compare (3 at least)")
+    prompts: dict[tuple[int, str], Prompt] = {}
+    for s in samples:
+        if s["turn"] == 1:
+            fast = bool(s.get("correct")) and (s.get("speedup") or 0.0) >= p
+            prompts.setdefault((s["step"], s["task"]), []).append(fast)
+
+    def span(first: int, last: int) -> list[Prompt]:
+        return [hits for (step, _), hits in prompts.items() if first <= step <= last]
+
+    return span(spans[0].first, spans[0].last), span(spans[-1].first, spans[-1].last)
+
+
+def share(prompts: list[Prompt]) -> float:
+    return sum(sum(hits) for hits in prompts) / sum(len(hits) for hits in prompts)
+
+
+def compare(first: list[Prompt], last: list[Prompt], draws: int, seed: int) -> dict:
+    rng = random.Random(seed)
+    differences = sorted(share(rng.choices(last, k=len(last))) - share(rng.choices(first, k=len(first)))
+                         for _ in range(draws))
+    low, high = (differences[int(q * (draws - 1))] for q in ((1 - INTERVAL_LEVEL) / 2, (1 + INTERVAL_LEVEL) / 2))
+    return {"prompts": [len(first), len(last)], "answers": [sum(map(len, first)), sum(map(len, last))],
+            "first_third": share(first), "last_third": share(last), "difference": share(last) - share(first),
+            "interval": [low, high], "level": INTERVAL_LEVEL}
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("samples", nargs="+", type=Path, help="samples.jsonl(.gz) of each run")
+    parser.add_argument("--p", type=float, default=1.2, help="the speedup a first answer must reach (Fast@p)")
+    parser.add_argument("--draws", type=int, default=INTERVAL_DRAWS)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    pooled_first, pooled_last, runs = [], [], {}
+    for path in args.samples:
+        if not path.is_file():
+            raise SystemExit(f"{path}: no such file (a run's samples.jsonl from drkernel train --log-samples)")
+        first, last = thirds(read_samples(path), args.p)
+        runs[str(path)] = {"first_third": share(first), "last_third": share(last)}
+        pooled_first += first
+        pooled_last += last
+    json.dump({"p": args.p, "runs": runs, "pooled": compare(pooled_first, pooled_last, args.draws, args.seed)},
+              sys.stdout, indent=1)
+    print()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,49 @@
+"""benchmarks/rl_thirds.py: first answers' Fast@1.2 of the first third of steps against the last, pooled over
+replicates, with a bootstrap interval over prompts."""
+
+from __future__ import annotations
+
+import gzip
+import json
+
+import pytest
+
+from tests.scripts import load_script
+
+
+@pytest.fixture(scope="module")
+def rl_thirds():
+    return load_script("benchmarks/rl_thirds.py")
+
+
+def _samples(path, fast_by_step, tasks=("a", "b")):
+    """Six steps, two prompts a step, two samples a prompt; a first answer is fast where fast_by_step says, later
+    turns are never fast (they must not count)."""
+    rows = [{"step": step, "task": f"{task}{step}", "turn": turn, "sample": sample, "correct": fast or turn > 1,
+             "speedup": 2.0 if fast or turn > 1 else 0.5}
+            for step, fast in fast_by_step.items() for task in tasks for sample in (0, 1) for turn in (1, 2)]
+    with gzip.open(path, "wt") as out:
+        out.writelines(json.dumps(row) + "\n" for row in rows)
+    return path
+
+
+def test_pooled_thirds_and_their_interval(rl_thirds, tmp_path, capsys):
+    rising = _samples(tmp_path / "a.jsonl.gz", {1: False, 2: False, 3: False, 4: True, 5: True, 6: True})
+    flat = _samples(tmp_path / "b.jsonl.gz", {1: True, 2: False, 3: True, 4: False, 5: True, 6: False})
+    rl_thirds.main([str(rising), str(flat), "--draws", "500"])
+    out = json.loads(capsys.readouterr().out)
+    assert out["runs"][str(rising)] == {"first_third": 0.0, "last_third": 1.0}  # steps 1-2 against 5-6
+    assert out["runs"][str(flat)] == {"first_third": 0.5, "last_third": 0.5}
+    pooled = out["pooled"]
+    assert pooled["prompts"] == [8, 8] and pooled["answers"] == [16, 16]
+    assert (pooled["first_third"], pooled["last_third"], pooled["difference"]) == (0.25, 0.75, 0.5)
+    low, high = pooled["interval"]
+    assert 0.0 < low < 0.5 < high <= 1.0
+
+
+def test_a_run_too_short_or_missing_is_refused(rl_thirds, tmp_path):
+    short = _samples(tmp_path / "short.jsonl.gz", {1: True, 2: False})
+    with pytest.raises(SystemExit, match="2 steps has no thirds"):
+        rl_thirds.main([str(short)])
+    with pytest.raises(SystemExit, match="no such file"):
+        rl_thirds.main([str(tmp_path / "absent.jsonl")])
