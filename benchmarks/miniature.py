@@ -131,8 +131,9 @@ PROFILES = {
         # more fused rows than the default 0.4/0.3/0.2/0.1 since lease 3 (docs/experiments.md, "Lease 3")
         sft_single_turn="partial=0.3,lazy=0.25,unfused=0.2,fused=0.25",
         # every weight trained: LoRA (rank 16, lr 2e-4) wrote 1 correct fused kernel in 13 tries, this 15 in 17
+        # full determinism: the same digest on two GPUs in the same time (lease 9), so adapters travel between leases
         sft_args=("--epochs", "1", "--bf16", "--per-device-train-batch-size", "8", "--max-length", "4096",
-                  "--learning-rate", "1e-4", "--lora-rank", "0", "--logging-steps", "10"),
+                  "--learning-rate", "1e-4", "--lora-rank", "0", "--logging-steps", "10", "--full-determinism"),
         probe_tasks=32, probe_samples=2, rl_config="examples/mini/rl_gpu.yaml", bench_turns=3, bench_samples=4,
         max_tokens=1600,
         stts_turns=8, stts_context="topk:4", stts_samples=1,

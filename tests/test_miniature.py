@@ -75,7 +75,8 @@ def test_gpu_commands_differ_only_in_the_ablation(tmp_path, capsys):
                            "--sft-args", "--lora-rank 16 --learning-rate 2e-4"]) == 0
     mix, sft = capsys.readouterr().out.splitlines()
     assert mix.endswith("--single-turn fused=1")
-    assert sft.endswith("--lora-rank 0 --logging-steps 10 --lora-rank 16 --learning-rate 2e-4")  # the last flag wins
+    # the last flag wins
+    assert sft.endswith("--lora-rank 0 --logging-steps 10 --full-determinism --lora-rank 16 --learning-rate 2e-4")
     run = tmp_path / "bench" / "sft"
     run.mkdir(parents=True)
     (run / "config.json").write_text("{}")
