@@ -2,7 +2,8 @@
 
     python benchmarks/miniature.py STAGE... [--profile gpu|cpu] [--root runs/mini] [--base GGUF] [--gpus N]
                                             [--time-limit-s S] [--policies sft grpo trloo recipe recipe-s1 ...]
-                                            [--single-turn SHARES] [--sft-args ARGS] [--rl-set KEY=VALUE ...]
+                                            [--single-turn SHARES] [--sft-args ARGS] [--bench-args ARGS]
+                                            [--rl-set KEY=VALUE ...]
 
 Stages, in order (`all` runs them all):
   splits    the train / validation / test splits (`drkernel synth`; seeded, seconds)
@@ -142,7 +143,9 @@ PROFILES = {
         eval_args=("--trials", "3", "--perf-trials", "10"),
         # compiled decoding, every batch filled to 32 rows (HFChatModel): lease 4's probe decoded at about 100 ms a
         # step without it, the trainer's compiled bf16 copy at 6.5 ms
-        generation_args=("--static-cache",),
+        # every trajectory in flight in one batch (bench's 128, STTS's 32): lease 7's bench generated 32 rows at a time
+        # for 400 of its 502 s; a 135 M model's decoding step costs little more for 128 rows
+        generation_args=("--static-cache", "--concurrency", "128"),
     ),
     "cpu": Profile(
         device="cpu", shape_scale=1 / 256, n_train=2, n_validation=1, n_test=2, needs_base=False, sft_tasks=8,
@@ -518,6 +521,8 @@ def main(argv: list[str] | None = None) -> int:
                         "partial=0.3,lazy=0.25,unfused=0.2,fused=0.25 (the gpu profile's)")
     parser.add_argument("--sft-args", default=None, help="more flags for the sft stage (drkernel.train.sft's; a "
                         "flag given again wins), e.g. '--lora-rank 16 --learning-rate 2e-4': a LoRA adapter")
+    parser.add_argument("--bench-args", default=None, help="more flags for the new runs of the bench, probe, stts "
+                        "and transfer stages (drkernel bench's; a flag given again wins), e.g. '--concurrency 32'")
     parser.add_argument("--rl-set", action="append", default=[], metavar="KEY=VALUE", help="a setting of "
                         "every RL run after its ablation's (drkernel train --set; repeat it), e.g. "
                         "learning_rate=1e-4")
@@ -542,6 +547,8 @@ def main(argv: list[str] | None = None) -> int:
         profile = dataclasses.replace(profile, sft_single_turn=args.single_turn)
     if args.sft_args:
         profile = dataclasses.replace(profile, sft_args=(*profile.sft_args, *shlex.split(args.sft_args)))
+    if args.bench_args:
+        profile = dataclasses.replace(profile, generation_args=(*profile.generation_args, *shlex.split(args.bench_args)))
     if args.rl_set:
         if any("=" not in setting for setting in args.rl_set):
             parser.error("--rl-set takes KEY=VALUE")

@@ -189,6 +189,18 @@ def test_a_local_model_shares_the_gate_of_the_embedded_scheduler_s_gpu(monkeypat
         assert bench.generation_gate(other) is None
 
 
+def test_a_local_model_batches_every_trajectory_in_flight(model_path):
+    from drkernel.agent import bench
+
+    config = bench.BenchConfig(tasks="t", model=f"hf:{model_path}", concurrency=128, static_cache=True)
+    for trajectories, batch in ((None, 128), (32 * 4, 128), (32, 32)):  # a static cache pads each batch to it
+        model = bench.make_model(config, trajectories)
+        try:
+            assert (model.max_batch, model.static_cache) == (batch, True)
+        finally:
+            asyncio.run(model.close())
+
+
 def test_a_failing_generate_reaches_every_waiting_request(model_path):
     model = HFChatModel(model_path, max_batch=len(PROMPTS), batch_wait_s=2.0)
 

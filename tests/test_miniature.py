@@ -60,12 +60,16 @@ def test_gpu_commands_differ_only_in_the_ablation(tmp_path, capsys):
     lines = capsys.readouterr().out.splitlines()
     assert [line.split(" --out ")[1].split()[0] for line in lines if line.startswith(("[bench]", "[transfer]"))] == [
         f"{tmp_path}/bench/sft", f"{tmp_path}/transfer/sft"]
+    assert miniature.main(["bench", "--root", str(tmp_path), "--dry-run", "--policies", "sft",
+                           "--bench-args", "--concurrency 32"]) == 0
+    [bench] = capsys.readouterr().out.splitlines()
+    assert "--static-cache --concurrency 128 --concurrency 32 --trials" in bench  # the last flag wins
     assert miniature.main(["mix", "probe", "--root", str(tmp_path), "--dry-run"]) == 0
     mix, probe, *rl_probes = capsys.readouterr().out.splitlines()
     assert "--single-turn partial=0.3,lazy=0.25,unfused=0.2,fused=0.25" in mix
     assert f"--tasks {tmp_path}/train/tasks --problems 1-32 --model hf:{tmp_path}/sft/final" in probe
     assert "--turns 1 --samples 2" in probe and f"--out {tmp_path}/probe/sft" in probe
-    assert "--profiling-reward --static-cache --trials 3" in probe
+    assert "--profiling-reward --static-cache --concurrency 128 --trials 3" in probe
     for name, line in zip(("grpo", "trloo", "recipe"), rl_probes, strict=True):  # the same prompts after RL
         assert line == probe.replace("sft/final", f"rl/{name}/final").replace("probe/sft", f"probe/{name}")
     assert miniature.main(["probe", "--root", str(tmp_path), "--policies", "recipe"]) == 0  # before its RL run

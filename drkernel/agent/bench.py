@@ -109,11 +109,14 @@ def load_usable_tasks(config: BenchConfig) -> tuple[list[Task], list[str]]:
     return selected, problems
 
 
-def make_model(config: BenchConfig) -> ChatModel:
+def make_model(config: BenchConfig, trajectories: int | None = None) -> ChatModel:
+    """The configured model; a local one batches up to every trajectory that can be in flight (`concurrency`, or the
+    run's `trajectories` when fewer: a static cache fills each batch to that size)."""
     if config.model.startswith(HF_PREFIX):
         device = "cuda" if config.evaluation.device == "cuda" else "cpu"
-        return HFChatModel(config.model[len(HF_PREFIX):], device=device, gate=generation_gate(config),
-                           static_cache=config.static_cache)
+        in_flight = min(config.concurrency, trajectories or config.concurrency)
+        return HFChatModel(config.model[len(HF_PREFIX):], device=device, max_batch=in_flight,
+                           gate=generation_gate(config), static_cache=config.static_cache)
     assert config.base_url is not None
     return OpenAIChatModel(OpenAIChatConfig(config.base_url, config.model, config.api_key_env,
                                             config.request_timeout_s, config.retries))
@@ -138,7 +141,7 @@ async def run_bench(
 ) -> tuple[LoopOutcome, dict[str, Any]]:
     """Run the loop with the configured model and evaluator, then write RUN_DIR/summary.json (also after a fatal
     model error, over what was recorded, saying what is still missing)."""
-    model = make_model(config)
+    model = make_model(config, trajectories=len(tasks) * config.samples)
     evaluator, close_evaluator = open_evaluator(config.engine, config.evaluation)
     try:
         outcome = await run_loop(tasks, model, evaluator, config.loop_config(), run_dir, on_turn)

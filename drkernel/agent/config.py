@@ -54,7 +54,8 @@ class BenchConfig:
         "help": "Each request asks with a seed made of this one, its task, sample and turn: reruns repeat.", "default_text": "none sent"})
     prompts: str | None = field(default=None, metadata={"help": "TOML/JSON file overriding prompt templates."})
     profiling_reward: bool = field(default=False, metadata={"help": "Reward coverage too (PR)."})
-    concurrency: int = field(default=32, metadata={"help": "Trajectories in flight.", "min": 1})
+    concurrency: int = field(default=32, metadata={
+        "help": "Trajectories in flight; an hf: model generates for all of them in one batch.", "min": 1})
     request_timeout_s: float = field(default=600.0, metadata={
         "flag": "--request-timeout", "help": "Seconds per model request.", "min": 0.1})
     retries: int = field(default=5, metadata={
