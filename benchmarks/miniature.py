@@ -548,7 +548,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.sft_args:
         profile = dataclasses.replace(profile, sft_args=(*profile.sft_args, *shlex.split(args.sft_args)))
     if args.bench_args:
-        profile = dataclasses.replace(profile, generation_args=(*profile.generation_args, *shlex.split(args.bench_args)))
+        profile = dataclasses.replace(profile,
+                                      generation_args=(*profile.generation_args, *shlex.split(args.bench_args)))
     if args.rl_set:
         if any("=" not in setting for setting in args.rl_set):
             parser.error("--rl-set takes KEY=VALUE")

@@ -208,7 +208,7 @@ def coverage_figure(coverages: Sequence[tuple[str, list[float]]], threshold: flo
 
 
 # (title, where the keys are: the step, its "validation" object or its first turn's kinds, shown in percent,
-# (key, line style) ...); "first"/"last" are the step's first and last turn of a per-turn list (turn_fast_1_2)
+# (key, line style) ...); fast_1_2_first_turn and fast_1_2_last_turn are the ends of the step's turn_fast_1_2
 TRAINING_PANELS = (
     ("reward", "step", False, (("reward_mean", "-"),)),
     ("Fast@1.2 on the step's prompts (%)", "step", True, (("fast_1_2_first_turn", "-"), ("fast_1_2_last_turn", "--"))),
