@@ -23,10 +23,26 @@ from drkernel.report.metrics import INTERVAL_DRAWS, INTERVAL_LEVEL, step_thirds
 Prompt = list[bool]  # the first answers of one prompt: Fast@p or not
 
 
+NEEDED = ("step", "task", "turn")  # of each line; correct and speedup may be absent (a failed turn)
+
+
 def read_samples(path: Path) -> list[dict]:
+    """The judged turns of one run; a line that is not one (metrics.jsonl's, a cut line) stops with its number."""
     opener = gzip.open if path.suffix == ".gz" else open
+    samples = []
     with opener(path, "rt") as lines:
-        return [json.loads(line) for line in lines if line.strip()]
+        for number, line in enumerate(lines, 1):
+            if not line.strip():
+                continue
+            try:
+                sample = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise SystemExit(f"{path}:{number}: not JSON ({exc.msg})") from None
+            if not isinstance(sample, dict) or any(key not in sample for key in NEEDED):
+                raise SystemExit(f"{path}:{number}: not a judged turn of drkernel train --log-samples (needs "
+                                 f"{', '.join(NEEDED)})")
+            samples.append(sample)
+    return samples
 
 
 def thirds(samples: list[dict], p: float) -> tuple[list[Prompt], list[Prompt]]:

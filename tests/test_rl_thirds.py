@@ -47,3 +47,10 @@ def test_a_run_too_short_or_missing_is_refused(rl_thirds, tmp_path):
         rl_thirds.main([str(short)])
     with pytest.raises(SystemExit, match="no such file"):
         rl_thirds.main([str(tmp_path / "absent.jsonl")])
+    metrics = tmp_path / "metrics.jsonl"  # a run's other file: steps, no turns
+    metrics.write_text('{"step": 1, "reward_mean": 0.5}\n')
+    with pytest.raises(SystemExit, match=r"metrics.jsonl:1: not a judged turn .*needs step, task, turn"):
+        rl_thirds.main([str(metrics)])
+    metrics.write_text('{"step": 1, "task": "a", "turn": 1}\n{"step":\n')
+    with pytest.raises(SystemExit, match=r"metrics.jsonl:2: not JSON"):
+        rl_thirds.main([str(metrics)])
