@@ -545,11 +545,15 @@ def main(argv: list[str] | None = None) -> int:
         profile = dataclasses.replace(profile, max_tokens=args.max_tokens)
     if args.single_turn is not None:
         profile = dataclasses.replace(profile, sft_single_turn=args.single_turn)
-    if args.sft_args:
-        profile = dataclasses.replace(profile, sft_args=(*profile.sft_args, *shlex.split(args.sft_args)))
-    if args.bench_args:
-        profile = dataclasses.replace(profile,
-                                      generation_args=(*profile.generation_args, *shlex.split(args.bench_args)))
+    def more_flags(option: str, given: str | None) -> tuple[str, ...]:
+        try:
+            return tuple(shlex.split(given or ""))
+        except ValueError as exc:  # an unclosed quote
+            parser.error(f"{option}: {exc}")
+
+    profile = dataclasses.replace(profile, sft_args=(*profile.sft_args, *more_flags("--sft-args", args.sft_args)),
+                                  generation_args=(*profile.generation_args,
+                                                   *more_flags("--bench-args", args.bench_args)))
     if args.rl_set:
         if any("=" not in setting for setting in args.rl_set):
             parser.error("--rl-set takes KEY=VALUE")

@@ -64,6 +64,10 @@ def test_gpu_commands_differ_only_in_the_ablation(tmp_path, capsys):
                            "--bench-args", "--concurrency 32"]) == 0
     [bench] = capsys.readouterr().out.splitlines()
     assert "--static-cache --concurrency 128 --concurrency 32 --trials" in bench  # the last flag wins
+    for option in ("--sft-args", "--bench-args"):
+        with pytest.raises(SystemExit):
+            miniature.main(["bench", "--root", str(tmp_path), "--dry-run", option, "'unclosed"])
+        assert f"{option}: No closing quotation" in capsys.readouterr().err
     assert miniature.main(["mix", "probe", "--root", str(tmp_path), "--dry-run"]) == 0
     mix, probe, *rl_probes = capsys.readouterr().out.splitlines()
     assert "--single-turn partial=0.3,lazy=0.25,unfused=0.2,fused=0.25" in mix
