@@ -2,7 +2,8 @@
 
     python benchmarks/miniature.py STAGE... [--profile gpu|cpu] [--root runs/mini] [--base GGUF] [--gpus N]
                                             [--time-limit-s S] [--policies sft grpo trloo recipe recipe-s1 ...]
-                                            [--single-turn SHARES] [--sft-args ARGS] [--bench-args ARGS]
+                                            [--single-turn SHARES] [--first-turn SHARES] [--sft-args ARGS]
+                                            [--bench-args ARGS]
                                             [--rl-set KEY=VALUE ...]
 
 Stages, in order (`all` runs them all):
@@ -107,6 +108,7 @@ class Profile:
     sft_tasks: int
     sft_multi_turn_tasks: int
     sft_single_turn: str | None  # the single-turn rows' shares (synthetic_sft's --single-turn); None: its default
+    sft_first_turn: str | None  # the two-turn rows' first answers (synthetic_sft's --first-turn); None: its default
     sft_args: tuple[str, ...]  # the policy-shape arguments apply only without a base
     probe_tasks: int  # train tasks 1..N
     probe_samples: int
@@ -130,7 +132,7 @@ PROFILES = {
         device="cuda", shape_scale=1.0, n_train=400, n_validation=8, n_test=32, needs_base=True,
         sft_tasks=3000, sft_multi_turn_tasks=96,
         # more fused rows than the default 0.4/0.3/0.2/0.1 since lease 3 (docs/experiments.md, "Lease 3")
-        sft_single_turn="partial=0.3,lazy=0.25,unfused=0.2,fused=0.25",
+        sft_single_turn="partial=0.3,lazy=0.25,unfused=0.2,fused=0.25", sft_first_turn=None,
         # every weight trained: LoRA (rank 16, lr 2e-4) wrote 1 correct fused kernel in 13 tries, this 15 in 17
         # full determinism: the same digest on two GPUs in the same time (lease 9), so adapters travel between leases
         sft_args=("--epochs", "1", "--bf16", "--per-device-train-batch-size", "8", "--max-length", "4096",
@@ -149,7 +151,7 @@ PROFILES = {
     ),
     "cpu": Profile(
         device="cpu", shape_scale=1 / 256, n_train=2, n_validation=1, n_test=2, needs_base=False, sft_tasks=8,
-        sft_multi_turn_tasks=1, sft_single_turn=None,
+        sft_multi_turn_tasks=1, sft_single_turn=None, sft_first_turn=None,
         sft_args=("--vocab-size", "512", "--hidden-size", "32", "--intermediate-size", "64", "--num-layers", "2",
                   "--num-heads", "4", "--num-kv-heads", "2", "--max-steps", "2", "--use-cpu",
                   "--per-device-train-batch-size", "4", "--logging-steps", "1", "--lora-rank", "4"),
@@ -240,7 +242,8 @@ class Pipeline:
                 "--out", str(self.root / "sft_data"), "--n-tasks", str(p.sft_tasks),
                 "--multi-turn-tasks", str(p.sft_multi_turn_tasks), "--seed", "0",
                 "--shape-scale", repr(p.shape_scale), "--device", p.device,
-                *(["--single-turn", p.sft_single_turn] if p.sft_single_turn else [])]))
+                *(["--single-turn", p.sft_single_turn] if p.sft_single_turn else []),
+                *(["--first-turn", p.sft_first_turn] if p.sft_first_turn else [])]))
         return steps
 
     def sft(self) -> list[Step]:
@@ -519,6 +522,9 @@ def main(argv: list[str] | None = None) -> int:
                         "(the profile's default: 2048 on the GPU; a resumed bench keeps its own)")
     parser.add_argument("--single-turn", default=None, help="the mix's single-turn shares, e.g. "
                         "partial=0.3,lazy=0.25,unfused=0.2,fused=0.25 (the gpu profile's)")
+    parser.add_argument("--first-turn", default=None, help="the first answers of the mix's two-turn rows, e.g. "
+                        "lazy=0.25,partial=0.25,wrong=0.2,unfused=0.1,fused=0.2 (synthetic_sft's default: "
+                        "lazy=0.35,partial=0.35,wrong=0.3); the second answer is always the fused one")
     parser.add_argument("--sft-args", default=None, help="more flags for the sft stage (drkernel.train.sft's; a "
                         "flag given again wins), e.g. '--lora-rank 16 --learning-rate 2e-4': a LoRA adapter")
     parser.add_argument("--bench-args", default=None, help="more flags for the new runs of the bench, probe, stts "
@@ -545,6 +551,8 @@ def main(argv: list[str] | None = None) -> int:
         profile = dataclasses.replace(profile, max_tokens=args.max_tokens)
     if args.single_turn is not None:
         profile = dataclasses.replace(profile, sft_single_turn=args.single_turn)
+    if args.first_turn is not None:
+        profile = dataclasses.replace(profile, sft_first_turn=args.first_turn)
     def more_flags(option: str, given: str | None) -> tuple[str, ...]:
         try:
             return tuple(shlex.split(given or ""))

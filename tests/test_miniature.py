@@ -82,7 +82,10 @@ def test_gpu_commands_differ_only_in_the_ablation(tmp_path, capsys):
     assert miniature.main(["mix", "sft", "--root", str(tmp_path), "--dry-run", "--single-turn", "fused=1",
                            "--sft-args", "--lora-rank 16 --learning-rate 2e-4"]) == 0
     mix, sft = capsys.readouterr().out.splitlines()
-    assert mix.endswith("--single-turn fused=1")
+    assert mix.endswith("--single-turn fused=1") and "--first-turn" not in mix  # synthetic_sft's default
+    assert miniature.main(["mix", "--root", str(tmp_path), "--dry-run", "--first-turn", "unfused=1,fused=1"]) == 0
+    assert capsys.readouterr().out.strip().endswith(
+        "--single-turn partial=0.3,lazy=0.25,unfused=0.2,fused=0.25 --first-turn unfused=1,fused=1")
     # the last flag wins
     assert sft.endswith("--lora-rank 0 --logging-steps 10 --full-determinism --lora-rank 16 --learning-rate 2e-4")
     run = tmp_path / "bench" / "sft"

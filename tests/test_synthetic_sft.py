@@ -18,6 +18,7 @@ from drkernel.train.synthetic_sft import (
     build_sft_mix,
     main,
     mix_tasks,
+    multi_turn_script,
     parse_shares,
     single_turn_rows,
 )
@@ -39,8 +40,10 @@ def test_assign_gives_exact_proportions_in_a_seeded_order() -> None:
         ({"n_tasks": 0}, "n_tasks must be at least 1"),
         ({"single_turn": (("fused", 1.0), ("wrong_op", 1.0))}, "single_turn takes fused, unfused, partial, lazy"),
         ({"single_turn": (("fused", 0.0),)}, "single_turn shares must be non-negative with a positive sum"),
-        ({"first_turn": (("fused", 1.0),)}, "first_turn takes lazy, partial, wrong, each once; got fused"),
-        ({"first_turn": (("lazy", 0.5), ("lazy", 0.5))}, "first_turn takes lazy, partial, wrong, each once"),
+        ({"first_turn": (("wrong_op", 1.0),)},
+         "first_turn takes lazy, partial, wrong, unfused, fused, each once; got wrong_op"),
+        ({"first_turn": (("lazy", 0.5), ("lazy", 0.5))},
+         "first_turn takes lazy, partial, wrong, unfused, fused, each once"),
     ],
 )
 def test_bad_mix_configs_are_refused(fields: dict, message: str) -> None:
@@ -56,8 +59,8 @@ def test_shares_are_read_from_the_command_line(tmp_path: Path, capsys) -> None:
           "--single-turn", "lazy=1,fused=1"])
     assert json.loads(capsys.readouterr().out)["single_turn"] == {"lazy": 2, "fused": 2}
     with pytest.raises(SystemExit):
-        main(["--out", str(tmp_path / "bad"), "--first-turn", "fused=1"])
-    assert "first_turn takes lazy, partial, wrong" in capsys.readouterr().err
+        main(["--out", str(tmp_path / "bad"), "--first-turn", "wrong_mask=1"])
+    assert "first_turn takes lazy, partial, wrong, unfused, fused" in capsys.readouterr().err
 
 
 def test_single_turn_rows_are_first_prompts_answered_by_reference_solutions() -> None:
@@ -72,6 +75,22 @@ def test_single_turn_rows_are_first_prompts_answered_by_reference_solutions() ->
         code = extract_code(answer["content"])
         assert answer["role"] == "assistant" and code is not None
         assert [v for v in GOOD_VARIANTS if code.strip() == solution_source(task, v).strip()]
+
+
+def test_two_turn_rows_can_start_from_a_correct_answer() -> None:
+    """unfused -> fused (a slow correct kernel made fast) and fused -> fused (a fast one kept after its feedback): the
+    rows lease 10's policies lacked, asked for by share like the others."""
+    config = SftMixConfig(n_tasks=1, multi_turn_tasks=4, shape_scale=TINY,
+                          first_turn=(("unfused", 0.5), ("fused", 0.5)))
+    _, tasks = mix_tasks(config)
+    script, firsts = multi_turn_script(tasks, config)
+    assert dict(firsts) == {"unfused": 2, "fused": 2}
+    kinds = []
+    for task in tasks:
+        first, second = (extract_code(script.reply(task.name, 0, turn).content).strip() for turn in (1, 2))
+        assert second == solution_source(task, "fused").strip()
+        kinds.append(next(v for v in ("unfused", "fused") if solution_source(task, v).strip() == first))
+    assert sorted(kinds) == ["fused", "fused", "unfused", "unfused"]
 
 
 @pytest.mark.slow

@@ -4,8 +4,9 @@ The mix must leave each signal of the recipe something to act on, so most first 
 about 1x, part of the work in its own kernel: what plain GRPO keeps and the profiling reward pays little),
 `lazy` (hacked on a GPU) or `unfused` (correct, about 1x), few are `fused`. Single-turn rows are the agent's first
 prompt and a reference solution. Two-turn rows teach what to do with feedback: a scripted model answers a task
-lazily, partially or wrongly, then with the fused solution (lazy -> fused, partial -> fused, wrong -> fixed), through
-the real agent loop (`drkernel bench`'s, judged by KernelGym, so the feedback between the answers is what the
+lazily, partially, wrongly, unfused or fused, then with the fused solution (lazy -> fused, partial -> fused, wrong ->
+fixed, unfused -> fused: a correct but slow kernel made fast; fused -> fused: a correct, fast kernel kept, which
+lease 10's policies, never shown one, mostly broke after its feedback), through the real agent loop (`drkernel bench`'s, judged by KernelGym, so the feedback between the answers is what the
 judge says), and the judged second turns are kept as `drkernel export-sft` keeps turns. Rows are
 `{"messages": [...]}`, the chat format TRL's SFTTrainer reads.
 
@@ -33,8 +34,8 @@ from drkernel.tasks.synthetic_solutions import GOOD_VARIANTS, WRONG_VARIANTS, so
 
 Shares = tuple[tuple[str, float], ...]
 WRONG = "wrong"  # a first answer drawn from the task's wrong_* variants
-FIRST_TURN_KINDS = ("lazy", "partial", WRONG)
-FIX = "fused"  # every second answer: lazy -> fused, partial -> fused, wrong -> fixed (the wrong_* are fused ones)
+FIRST_TURN_KINDS = ("lazy", "partial", WRONG, "unfused", "fused")
+FIX = "fused"  # every second answer: the wrong_* are fused ones, so wrong -> fixed; fused -> fused keeps it
 
 
 @dataclass(frozen=True)
@@ -106,7 +107,7 @@ def single_turn_rows(config: SftMixConfig) -> tuple[list[dict[str, Any]], Counte
 
 
 def multi_turn_script(tasks: Sequence[SyntheticTask], config: SftMixConfig) -> tuple[ChatScript, Counter[str]]:
-    """Each task answered first lazily, partially or wrongly (one of its wrong_* variants), then with the fused
+    """Each task answered first as its assigned kind (`wrong`: one of its wrong_* variants), then with the fused
     solution; with the count of each kind of first answer."""
     rng = random.Random(f"sft-multi/{config.seed}")
     firsts = assign(len(tasks), config.first_turn, rng)
@@ -169,8 +170,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--shape-scale", type=float, default=SftMixConfig.shape_scale)
     parser.add_argument("--single-turn", default=None, help="shares of the single-turn answers, e.g. "
                         "partial=0.4,lazy=0.3,unfused=0.2,fused=0.1 (the default)")
-    parser.add_argument("--first-turn", default=None, help="shares of the two-turn rows' first answers, e.g. "
-                        "lazy=0.35,partial=0.35,wrong=0.3 (the default); the second is always fused")
+    parser.add_argument("--first-turn", default=None, help="shares of the two-turn rows' first answers, of "
+                        f"{', '.join(FIRST_TURN_KINDS)}, e.g. lazy=0.35,partial=0.35,wrong=0.3 (the default); the "
+                        "second is always fused")
     parser.add_argument("--device", default="auto", help="where the multi-turn examples are judged")
     args = parser.parse_args(argv)
     try:
