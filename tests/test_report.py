@@ -530,3 +530,53 @@ def test_the_phases_table_gives_each_run_s_median_seconds_per_phase(report: Path
     assert int(gpu_row["evaluations judged"]) == len(gpu) > 0 and gpu_row["duration"] == gpu_row["correctness"] == ""
     assert float(gpu_row["evaluation"]) == pytest.approx(statistics.median(r["timings"]["evaluation_s"] for r in gpu))
     assert "Where the time goes" in (report / "report.html").read_text()
+
+
+def _bench_run(folder: Path, plan: dict[str, list[float | None]], config: dict) -> Path:
+    """A one-turn bench run: task -> per sample, the speedup of its answer (None: incorrect)."""
+    folder.mkdir(parents=True)
+    rows = [{"task": task, "level": None, "sample": sample, "turn": 1, "status": "correct" if s else "incorrect",
+             "result": {"correct": s is not None, "speedup": s}, "reward": 0.0, "code": "pass"}
+            for task, speedups in plan.items() for sample, s in enumerate(speedups)]
+    (folder / "trajectories.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    (folder / "config.json").write_text(json.dumps(config))
+    (folder / "summary.json").write_text("{}")
+    return folder
+
+
+def test_replicates_pooled_into_one_run(tmp_path: Path) -> None:
+    """Each replicate's samples of a task become the pooled run's, so a task's share is the mean of the
+    replicates' shares, and the paired difference against the baseline is the replicates' mean difference."""
+    from drkernel.report import write_report
+    from drkernel.report.runs import pool_runs
+
+    settings = {"model": "hf:a", "temperature": 1.0}
+    base = _bench_run(tmp_path / "base", {"a": [None, None], "b": [2.0, None]}, settings)
+    one = _bench_run(tmp_path / "one", {"a": [2.0, None], "b": [2.0, 2.0]}, settings)
+    two = _bench_run(tmp_path / "two", {"a": [2.0, 2.0], "b": [None, None]}, {**settings, "model": "hf:b"})
+    pooled = pool_runs("both", [one, two])
+    assert sorted((t.task, t.sample) for t in pooled.turns) == [(task, s) for task in "ab" for s in range(4)]
+    assert pooled.notes == [f"pooled from 2 bench runs: {one}, {two}"]  # the model may differ: it is the replicate
+    report = write_report([base], tmp_path / "out", paper=False, pools=[("both", [one, two])])
+    first = next(row for row in table(report.out, "differences") if row["measure"] == "Fast@1.2 first turn")
+    assert first["run"] == "both" and first["against"] == "base"
+    # per task: a 3/4 against 0, b 2/4 against 1/2; so 62.5% against 25%
+    assert (number(first["run (%)"]), number(first["against (%)"]), number(first["difference (points)"])) == (
+        pytest.approx(62.5), pytest.approx(25.0), pytest.approx(37.5))
+    three = _bench_run(tmp_path / "three", {"a": [2.0]}, {**settings, "temperature": 0.5})
+    assert pool_runs("mixed", [one, three]).notes[-1] == (
+        "the pooled runs differ in temperature: they may not be replicates of one setting")
+    with pytest.raises(RunReadError, match="at least two bench runs, got 1"):
+        pool_runs("alone", [one])
+    trained = tmp_path / "trained"
+    shutil.copytree(DATA / "train_run", trained)
+    with pytest.raises(RunReadError, match="trained is not a bench run"):
+        pool_runs("mixed", [one, trained])
+    result = CliRunner().invoke(app, ["report", str(base), "--pool", f"{one},{two}", "--out", str(tmp_path / "o")])
+    assert result.exit_code == 2 and "--pool takes NAME=DIR,DIR,..." in said(result)
+    result = CliRunner().invoke(app, ["report", "--out", str(tmp_path / "o")])
+    assert result.exit_code == 2 and "no run to report" in said(result)
+    result = CliRunner().invoke(app, ["report", str(base), "--pool", f"both={one},{two}", "--out",
+                                      str(tmp_path / "cli"), "--no-paper"])
+    assert result.exit_code == 0, result.output
+    assert table(tmp_path / "cli", "differences") == table(report.out, "differences")

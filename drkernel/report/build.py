@@ -26,7 +26,7 @@ from drkernel.report.metrics import (
     turn_curves,
 )
 from drkernel.report.published import Published, load_paper, load_published
-from drkernel.report.runs import Run, read_run
+from drkernel.report.runs import Run, RunReadError, pool_runs, read_run
 from drkernel.report.tables import (
     Table,
     TurnKey,
@@ -58,9 +58,12 @@ class Report:
 
 
 def write_report(run_dirs: Sequence[str | Path], out: str | Path, published_files: Sequence[str | Path] = (),
-                 paper: bool = True) -> Report:
-    """Write report.html, report.md, figures/*.png, tables/*.md and *.csv and code/ under `out`."""
-    runs = [read_run(d) for d in run_dirs]
+                 paper: bool = True, pools: Sequence[tuple[str, Sequence[str | Path]]] = ()) -> Report:
+    """Write report.html, report.md, figures/*.png, tables/*.md and *.csv and code/ under `out`; each of `pools`
+    (name, bench runs) is one run after those of `run_dirs` (`pool_runs`)."""
+    runs = [read_run(d) for d in run_dirs] + [pool_runs(name, paths) for name, paths in pools]
+    if not runs:
+        raise RunReadError("no run to report: give run folders or a pool")
     _unique_names(runs)
     published = (load_paper() if paper else []) + [e for f in published_files for e in load_published(f)]
     report = Report(Path(out), runs, published)

@@ -9,9 +9,11 @@ and a missing summary.json is noted, never an error.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -87,6 +89,36 @@ def read_run(path: str | Path) -> Run:
                 raise RunReadError(f"{folder / METRICS}:{line}: missing required field 'step' (an integer)")
         run.steps, run.notes = [row for _, row in rows], run.notes + notes
     return run
+
+
+# Settings that may differ between the runs of a pool: they name the policy and where it was asked, not how.
+POOL_FREE_SETTINGS = ("model", "base_url", "api_key_env")
+
+
+def pool_runs(name: str, paths: Sequence[str | Path]) -> Run:
+    """Bench runs of one setting (replicates: one RL run per seed, each benched alike) read as one run: every run's
+    samples of a task become samples of the pooled run, numbered on after the previous run's, so a task's share is
+    the mean of the runs' shares when they hold as many samples each. Tables, intervals over tasks and the paired
+    differences against another run then treat the replicates as one policy (docs/report.md)."""
+    if not name.strip():
+        raise RunReadError("a pool needs a name: NAME=DIR,DIR,...")
+    if len(paths) < 2:
+        raise RunReadError(f"pool {name!r}: pooling takes at least two bench runs, got {len(paths)}")
+    runs = [read_run(path) for path in paths]
+    for run in runs:
+        if run.steps or not run.turns:
+            raise RunReadError(f"pool {name!r}: {run.path} is not a bench run with judged turns")
+    turns, notes, offset = [], [f"pooled from {len(runs)} bench runs: {', '.join(str(r.path) for r in runs)}"], 0
+    for run in runs:
+        turns += [dataclasses.replace(t, sample=t.sample + offset) for t in run.turns]
+        offset += max(t.sample for t in run.turns) + 1
+        notes += [f"{run.path.name}: {note}" for note in run.notes]
+    first = runs[0].config
+    differ = sorted({key for run in runs[1:] for key in {*first, *run.config} - set(POOL_FREE_SETTINGS)
+                     if first.get(key) != run.config.get(key)})
+    if differ:
+        notes.append(f"the pooled runs differ in {', '.join(differ)}: they may not be replicates of one setting")
+    return Run(name, runs[0].path, turns, first, None, notes=notes)
 
 
 def _latest_validation(folder: Path) -> Run:

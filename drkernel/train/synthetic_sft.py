@@ -6,9 +6,10 @@ about 1x, part of the work in its own kernel: what plain GRPO keeps and the prof
 prompt and a reference solution. Two-turn rows teach what to do with feedback: a scripted model answers a task
 lazily, partially, wrongly, unfused or fused, then with the fused solution (lazy -> fused, partial -> fused, wrong ->
 fixed, unfused -> fused: a correct but slow kernel made fast; fused -> fused: a correct, fast kernel kept, which
-lease 10's policies, never shown one, mostly broke after its feedback), through the real agent loop (`drkernel bench`'s, judged by KernelGym, so the feedback between the answers is what the
-judge says), and the judged second turns are kept as `drkernel export-sft` keeps turns. Rows are
-`{"messages": [...]}`, the chat format TRL's SFTTrainer reads.
+lease 10's policies, never shown one, mostly broke after its feedback), through the real agent loop (`drkernel
+bench`'s, judged by KernelGym, so the feedback between the answers is what the judge says), and the judged second
+turns are kept as `drkernel export-sft` keeps turns. Rows are `{"messages": [...]}`, the chat format TRL's SFTTrainer
+reads.
 
 Run as a script: `python -m drkernel.train.synthetic_sft --out DIR [--n-tasks 400] [--multi-turn-tasks 100]
 [--single-turn partial=0.4,lazy=0.3,unfused=0.2,fused=0.1] [--first-turn lazy=0.35,partial=0.35,wrong=0.3] ...`.
