@@ -1,12 +1,15 @@
-"""Did RL runs move their first answers? Fast@1.2 of the first turn on the train prompts, first third of the steps
-against the last, pooled over runs (replicates), with a bootstrap interval over prompts.
+"""Did RL runs move their answers? Fast@1.2 on the train prompts, first third of the steps against the last, pooled
+over runs (replicates), with a bootstrap interval over prompts: of the first answers (`--measure first`, the
+default), of each trajectory's last turn (`last`) or of any of its turns (`best`, best of history).
 
-    python benchmarks/rl_thirds.py RUN/samples.jsonl[.gz] [...] [--p 1.2] [--draws 2000] [--seed 0]
+    python benchmarks/rl_thirds.py RUN/samples.jsonl[.gz] [...] [--measure first|last|best] [--p 1.2] [--draws 2000]
+                                   [--seed 0]
 
 Reads what `drkernel train --log-samples` writes (one line per judged turn). Each run's steps are cut into thirds as
 `drkernel report`'s training table cuts them (drkernel.report.metrics.step_thirds); a prompt is one (run, step,
-task) with its first answers. Every step draws new prompts, so the two thirds hold different prompts: the interval
-draws each third's prompts with replacement, independently (docs/experiments.md, "Lease 9").
+task) with its trajectories (one `sample` of it each; its last turn is the last one recorded). Every step draws new
+prompts, so the two thirds hold different prompts: the interval draws each third's prompts with replacement,
+independently (docs/experiments.md, "Lease 9").
 """
 
 from __future__ import annotations
@@ -17,10 +20,12 @@ import json
 import random
 import sys
 from pathlib import Path
+from typing import Any
 
 from drkernel.report.metrics import INTERVAL_DRAWS, INTERVAL_LEVEL, step_thirds
 
-Prompt = list[bool]  # the first answers of one prompt: Fast@p or not
+Prompt = list[bool]  # one prompt's trajectories: Fast@p or not, by the measure
+MEASURES = ("first", "last", "best")
 
 
 NEEDED = ("step", "task", "turn")  # of each line; correct and speedup may be absent (a failed turn)
@@ -45,17 +50,25 @@ def read_samples(path: Path) -> list[dict]:
     return samples
 
 
-def thirds(samples: list[dict], p: float) -> tuple[list[Prompt], list[Prompt]]:
-    """One run's first-turn prompts of its first and its last third of steps."""
+def thirds(samples: list[dict], p: float, measure: str = "first") -> tuple[list[Prompt], list[Prompt]]:
+    """One run's prompts of its first and its last third of steps, each trajectory judged by `measure`."""
     steps = sorted({s["step"] for s in samples})
     spans = step_thirds("", [{"step": step} for step in steps])
     if len(spans) < 3:
         raise SystemExit(f"a run with {len(steps)} steps has no thirds to compare (3 at least)")
-    prompts: dict[tuple[int, str], Prompt] = {}
-    for s in samples:
-        if s["turn"] == 1:
+    trajectories: dict[tuple[int, str, Any], dict[int, bool]] = {}
+    for number, s in enumerate(samples):
+        if measure != "first" and "sample" not in s:
+            raise SystemExit(f"--measure {measure} needs each turn's `sample` (its trajectory); a turn of step "
+                             f"{s['step']} has none")
+        trajectory = (s["step"], s["task"], s["sample"] if measure != "first" else number)
+        if measure != "first" or s["turn"] == 1:
             fast = bool(s.get("correct")) and (s.get("speedup") or 0.0) >= p
-            prompts.setdefault((s["step"], s["task"]), []).append(fast)
+            trajectories.setdefault(trajectory, {})[s["turn"]] = fast
+    prompts: dict[tuple[int, str], Prompt] = {}
+    for (step, task, _), turns in trajectories.items():
+        hit = any(turns.values()) if measure == "best" else turns[max(turns)]
+        prompts.setdefault((step, task), []).append(hit)
 
     def span(first: int, last: int) -> list[Prompt]:
         return [hits for (step, _), hits in prompts.items() if first <= step <= last]
@@ -80,7 +93,9 @@ def compare(first: list[Prompt], last: list[Prompt], draws: int, seed: int) -> d
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("samples", nargs="+", type=Path, help="samples.jsonl(.gz) of each run")
-    parser.add_argument("--p", type=float, default=1.2, help="the speedup a first answer must reach (Fast@p)")
+    parser.add_argument("--measure", choices=MEASURES, default="first", help="a trajectory's first answer, its last "
+                        "turn, or any of its turns (best of history)")
+    parser.add_argument("--p", type=float, default=1.2, help="the speedup an answer must reach (Fast@p)")
     parser.add_argument("--draws", type=int, default=INTERVAL_DRAWS)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
@@ -88,12 +103,12 @@ def main(argv: list[str] | None = None) -> None:
     for path in args.samples:
         if not path.is_file():
             raise SystemExit(f"{path}: no such file (a run's samples.jsonl from drkernel train --log-samples)")
-        first, last = thirds(read_samples(path), args.p)
+        first, last = thirds(read_samples(path), args.p, args.measure)
         runs[str(path)] = {"first_third": share(first), "last_third": share(last)}
         pooled_first += first
         pooled_last += last
-    json.dump({"p": args.p, "runs": runs, "pooled": compare(pooled_first, pooled_last, args.draws, args.seed)},
-              sys.stdout, indent=1)
+    pooled = compare(pooled_first, pooled_last, args.draws, args.seed)
+    json.dump({"measure": args.measure, "p": args.p, "runs": runs, "pooled": pooled}, sys.stdout, indent=1)
     print()
 
 

@@ -41,6 +41,30 @@ def test_pooled_thirds_and_their_interval(rl_thirds, tmp_path, capsys):
     assert 0.0 < low < 0.5 < high <= 1.0
 
 
+def test_last_turns_and_best_of_history(rl_thirds, tmp_path, capsys):
+    """Later turns count by trajectory: each (prompt, sample) is one answer, its last turn or any of its turns."""
+    rows = []
+    for step in range(1, 7):
+        late = step > 4  # in the last third, sample 0 ends fast; sample 1 is fast at turn 1 only, in every step
+        for sample, fast_by_turn in ((0, (False, late)), (1, (True, False))):
+            rows += [{"step": step, "task": f"t{step}", "turn": turn, "sample": sample, "correct": fast,
+                      "speedup": 2.0 if fast else 0.5} for turn, fast in enumerate(fast_by_turn, 1)]
+    path = tmp_path / "run.jsonl"
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    shares = {}
+    for measure in ("first", "last", "best"):
+        rl_thirds.main([str(path), "--measure", measure, "--draws", "200"])
+        out = json.loads(capsys.readouterr().out)
+        assert out["measure"] == measure and out["pooled"]["answers"] == [4, 4]  # two trajectories, two steps
+        shares[measure] = out["runs"][str(path)]
+    assert shares["first"] == {"first_third": 0.5, "last_third": 0.5}
+    assert shares["last"] == {"first_third": 0.0, "last_third": 0.5}
+    assert shares["best"] == {"first_third": 0.5, "last_third": 1.0}
+    path.write_text("".join(json.dumps({k: v for k, v in row.items() if k != "sample"}) + "\n" for row in rows))
+    with pytest.raises(SystemExit, match="--measure last needs each turn's `sample`"):
+        rl_thirds.main([str(path), "--measure", "last"])
+
+
 def test_a_run_too_short_or_missing_is_refused(rl_thirds, tmp_path):
     short = _samples(tmp_path / "short.jsonl.gz", {1: True, 2: False})
     with pytest.raises(SystemExit, match="2 steps has no thirds"):
