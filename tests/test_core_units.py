@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import math
 
@@ -153,6 +154,23 @@ def test_timing_summary_and_speedup_interval() -> None:
     cand = [1.0 + 0.05 * math.cos(i) for i in range(30)]
     low, high = timing.speedup_interval(ref, cand, seed=1)
     assert low < 2.0 < high and high - low < 0.3
+
+
+def test_a_median_that_is_a_slow_call_is_told_with_what_the_host_was_doing() -> None:
+    """Lease 10: 1-19 ms medians of candidates whose fastest call took 0.02-0.2 ms (the reference's never): the note
+    says how many calls were slow and how many of them the host was still enqueueing when their spin ran out."""
+    calm = timing.Samples(event_ms=[0.05, 0.06, 0.05, 3.0, 0.05, 0.05], host_ms=[0.1] * 6)
+    assert timing.slow_calls(calm.event_ms) == [3] and timing.unsteady("candidate", calm, [1.0] * 6) is None
+    slow = timing.Samples(event_ms=[0.05, 3.0, 9.0, 4.0, 0.05, 2.0], host_ms=[0.1, 5.0, 0.2, 4.0, 0.1, 0.1])
+    assert timing.slow_calls(slow.event_ms) == [1, 2, 3, 5]
+    assert timing.unsteady("candidate", slow, [1.0] * 6) == (
+        "4 of the candidate's 6 timed calls took more than 2 times its fastest (0.05 ms), so its median (2.5 ms) is "
+        "one of them; the host was still enqueueing 2 of them when the device spin before them ran out")
+    stats = timing.summarize(slow, "cuda_event", 1.0)
+    assert stats.samples_ms == slow.event_ms and stats.host_ms == slow.host_ms
+    assert EvalResult.from_dict({"timing": {"candidate": dataclasses.asdict(stats)}}).timing.candidate == stats
+    old = {k: v for k, v in dataclasses.asdict(stats).items() if k not in ("samples_ms", "host_ms")}
+    assert EvalResult.from_dict({"timing": {"candidate": old}}).timing.candidate.samples_ms == []  # older records
 
 
 def test_cpu_call_timer_times_wall_clock() -> None:
@@ -585,9 +603,10 @@ def test_a_wall_clock_suspicion_is_measured_again_and_only_the_second_measuremen
 
     def judged(*measurements):
         judge = Judge(None, tmp_path, torch.device("cpu"), None, SimpleNamespace(findings=guards.Findings()))
-        made = iter(measurements)
+        made = iter((SimpleNamespace(name=name, unsteady=unsteady), found) for name, found, *unsteady in measurements)
         monkeypatch.setattr(judge, "_measure_once", lambda reference, report, spent: next(made))
-        return judge, judge.measure(None, None)  # type: ignore[arg-type]
+        judge_kept = judge.measure(None, None)  # type: ignore[arg-type]
+        return judge, judge_kept.name
 
     stalled = {guards.SIDE_STREAM: "your process timed 0.0054 ms ...: work ran outside the timed stream"}
     judge, kept = judged(("first", stalled), ("second", {}))
@@ -598,3 +617,11 @@ def test_a_wall_clock_suspicion_is_measured_again_and_only_the_second_measuremen
     assert kept == "second" and judge.findings.details == hidden  # shown twice: refused, with the second's words
     judge, kept = judged(("only", {guards.IMPOSSIBLE_SPEED: "too fast"}), ("never", {}))
     assert kept == "only" and judge.findings.codes == [guards.IMPOSSIBLE_SPEED] and judge.notes == []
+    # a median that is a slow call (lease 10: a fifth of the candidates' beside other runs) is measured again too;
+    # a second one still so says it
+    slow = "7 of the candidate's 10 timed calls took more than 2 times its fastest (0.0234 ms), so its median ..."
+    judge, kept = judged(("first", {}, slow), ("second", {}), ("never", {}))
+    assert kept == "second" and judge.notes == [f"timing measured again: in the first measurement {slow}"]
+    judge, kept = judged(("first", {}, slow), ("second", {}, slow), ("never", {}))
+    assert kept == "second" and judge.notes[1] == (f"timing: {slow}: the speedup may be off (a busy host or GPU); "
+                                                   "timing.*.samples_ms holds every call")

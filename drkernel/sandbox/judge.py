@@ -392,6 +392,7 @@ class Measurement:
     speedup: float
     interval: list[float]
     phases_s: dict[str, float]  # the timing phase's parts (TIMING_PARTS), seconds
+    unsteady: list[str] = field(default_factory=list)  # a side whose median is a slow call (timing.unsteady)
 
 
 # -- the evaluation ----------------------------------------------------------------------------------------------
@@ -583,17 +584,22 @@ class Judge:
         candidate in its process (its event timing checked against the judge's wall clock), every candidate output
         compared on a sample, a few chosen calls in full.
 
-        When the wall-clock check fires, the whole measurement is made once more and only the second one counts, its
-        timings and its check: a host that stalled some of the calls (a legitimate kernel was `side_stream_timing`
-        on an H200 beside other runs' evaluations) gets a clean measurement, work hidden on another stream shows
-        again, and a candidate that changes its behaviour for the second measurement is timed as it then behaves."""
+        When the wall-clock check fires, or half or more of a side's calls were slow ones (its median is one of them:
+        a fifth of the candidates' in lease 10, beside other runs' evaluations), the whole measurement is made once
+        more and only the second one counts, its timings and its check: a host that stalled some of the calls (a
+        legitimate kernel was `side_stream_timing` on an H200 beside other runs' evaluations) gets a clean
+        measurement, work hidden on another stream shows again, and a candidate that changes its behaviour for the
+        second measurement is timed as it then behaves. A second one still unsteady says so in the notes."""
         spent = dict.fromkeys(TIMING_PARTS, 0.0)  # where the phase's time goes, in seconds, over both measurements
         measured, suspicions = self._measure_once(reference, report, spent)
-        if guards.SIDE_STREAM in suspicions:
-            self.notes.append(f"timing measured again: in the first measurement {suspicions[guards.SIDE_STREAM]}")
+        why = suspicions.get(guards.SIDE_STREAM) or "; ".join(measured.unsteady)
+        if why:
+            self.notes.append(f"timing measured again: in the first measurement {why}")
             measured, suspicions = self._measure_once(reference, report, spent)
         for reason, message in suspicions.items():
             self.findings.add(reason, message)
+        self.notes += [f"timing: {text}: the speedup may be off (a busy host or GPU); timing.*.samples_ms holds every "
+                       "call" for text in measured.unsteady]
         return measured
 
     def _measure_once(self, reference: Reference, report: CorrectnessReport,
@@ -653,6 +659,8 @@ class Judge:
                         reply, wall, cand_out = calls.timed(cand_spin_ms)
                 host_ms["reference"].append(ref_host_ms)
                 host_ms["candidate"].append(_positive(reply.get("host_ms")))
+                ref.host_ms.append(ref_host_ms)
+                cand.host_ms.append(host_ms["candidate"][-1])
                 ref.event_ms.append(ref_ms)
                 cand.event_ms.append(_positive(reply.get("event_ms")))
                 # A null call right after (the same steps and hand-over around no call): what the wall clock sees
@@ -688,8 +696,10 @@ class Judge:
                 if too_fast is not None:
                     suspicions[guards.IMPOSSIBLE_SPEED] = too_fast
         speedup = result.reference.median_ms / max(result.candidate.median_ms, 1e-9)  # type: ignore[union-attr]
+        unsteady = [text for side, samples in (("reference", ref), ("candidate", cand))  # CPU wall times say nothing
+                    if method == "cuda_event" and (text := timing.unsteady(side, samples, spins[side]))]
         return Measurement(result, speedup, timing.speedup_interval(ref.primary, cand.primary, opts.seed),
-                           {f"timing_{name}": seconds for name, seconds in spent.items()}), suspicions
+                           {f"timing_{name}": seconds for name, seconds in spent.items()}, unsteady), suspicions
 
     def _verify_timed(self, trial: int, full: bool, ref_out: Any, cand_out: Any, call: str = "a timed call") -> None:
         """A timed (or profiled) call's outputs: a remembered answer differs almost everywhere from the one for new

@@ -33,12 +33,15 @@ _perf_counter = time.perf_counter  # the harness's own references: a candidate p
 COVER_FACTOR = 3.0  # the device spin lasts this many times the host's typical enqueueing of a call
 COVER_MARGIN_MS = 0.25  # and this much more: a microsecond kernel's enqueueing varies by more than itself
 COVER_MAX_MS = 20.0  # a call whose host side takes longer than this has its host time counted, as it would in use
+SLOW_FACTOR = 2.0  # a timed call slower than this many times the side's fastest, plus SLOW_MARGIN_MS, is a slow one
+SLOW_MARGIN_MS = 0.005
 
 
 @dataclass
 class Samples:
     event_ms: list[float] = field(default_factory=list)  # CUDA: GPU time between events; CPU: wall time per call
     wall_ms: list[float] = field(default_factory=list)  # CUDA: the judge's wall-clock view of each timed call
+    host_ms: list[float] = field(default_factory=list)  # each call's host time from its start event to its end event
 
     @property
     def primary(self) -> list[float]:
@@ -176,6 +179,31 @@ class PersistingL2:
         return limit.value != 0 or any(window)
 
 
+def slow_calls(values: list[float]) -> list[int]:
+    """The calls (indices) slower than SLOW_FACTOR times the fastest: on a GPU that waited for something else inside
+    the call's events (lease 10, docs/experiments.md: a fifth of the candidates' medians there were such calls)."""
+    fastest = min(values, default=0.0)
+    return [i for i, value in enumerate(values) if value > SLOW_FACTOR * fastest + SLOW_MARGIN_MS]
+
+
+def unsteady(side: str, samples: Samples, spins_ms: list[float]) -> str | None:
+    """On CUDA, what to say when half or more of a side's timed calls were slow ones, so that its median is one of
+    them and the speedup stands on a call that waited (None otherwise); also how many of them the host was still
+    enqueueing when the device spin before them ran out (`spins_ms`: each call's spin), which tells a host that
+    stalled from a device that was busy."""
+    values = samples.primary
+    slow = slow_calls(values)
+    if not values or 2 * len(slow) < len(values):
+        return None
+    text = (f"{len(slow)} of the {side}'s {len(values)} timed calls took more than {SLOW_FACTOR:g} times its fastest "
+            f"({min(values):.3g} ms), so its median ({statistics.median(values):.3g} ms) is one of them")
+    if samples.host_ms:
+        outlasted = sum(1 for i in slow if i < min(len(samples.host_ms), len(spins_ms))
+                        and samples.host_ms[i] > spins_ms[i])
+        text += f"; the host was still enqueueing {outlasted} of them when the device spin before them ran out"
+    return text
+
+
 def summarize(samples: Samples, method: str, spin_ms: float | None = None) -> TimingStats:
     values = samples.primary
     q1, _, q3 = statistics.quantiles(values, n=4, method="inclusive") if len(values) >= 2 else (values[0],) * 3
@@ -188,6 +216,8 @@ def summarize(samples: Samples, method: str, spin_ms: float | None = None) -> Ti
         method=method,
         wall_median_ms=statistics.median(samples.wall_ms) if samples.wall_ms else None,
         spin_ms=spin_ms if method == "cuda_event" else None,
+        samples_ms=list(values),
+        host_ms=list(samples.host_ms),
     )
 
 
