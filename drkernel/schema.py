@@ -88,6 +88,7 @@ class Timing:
     candidate: TimingStats | None = None
     reference_mode: str = "eager"  # "eager" | "compile"
     note: str = ""  # e.g. that interpreter timings say nothing of GPU speed
+    measurements: int = 1  # 2: the judge measured again (a wall-clock suspicion, or a median that was a slow call)
 
 
 @dataclass

@@ -164,8 +164,8 @@ def test_a_median_that_is_a_slow_call_is_told_with_what_the_host_was_doing() -> 
     slow = timing.Samples(event_ms=[0.05, 3.0, 9.0, 4.0, 0.05, 2.0], host_ms=[0.1, 5.0, 0.2, 4.0, 0.1, 0.1])
     assert timing.slow_calls(slow.event_ms) == [1, 2, 3, 5]
     assert timing.unsteady("candidate", slow, [1.0] * 6) == (
-        "4 of the candidate's 6 timed calls took more than 2 times its fastest (0.05 ms), so its median (2.5 ms) is "
-        "one of them; the host was still enqueueing 2 of them when the device spin before them ran out")
+        "4 of the candidate's 6 timed calls took more than 2 times its fastest (0.05 ms), and its median (2.5 ms) "
+        "too; the host was still enqueueing 2 of them when the device spin before them ran out")
     stats = timing.summarize(slow, "cuda_event", 1.0)
     assert stats.samples_ms == slow.event_ms and stats.host_ms == slow.host_ms
     assert EvalResult.from_dict({"timing": {"candidate": dataclasses.asdict(stats)}}).timing.candidate == stats
@@ -603,9 +603,11 @@ def test_a_wall_clock_suspicion_is_measured_again_and_only_the_second_measuremen
 
     def judged(*measurements):
         judge = Judge(None, tmp_path, torch.device("cpu"), None, SimpleNamespace(findings=guards.Findings()))
-        made = iter((SimpleNamespace(name=name, unsteady=unsteady), found) for name, found, *unsteady in measurements)
+        made = iter((SimpleNamespace(name=name, unsteady=unsteady, timing=SimpleNamespace(measurements=1)), found)
+                    for name, found, *unsteady in measurements)
         monkeypatch.setattr(judge, "_measure_once", lambda reference, report, spent: next(made))
         judge_kept = judge.measure(None, None)  # type: ignore[arg-type]
+        assert judge_kept.timing.measurements == (2 if judge.notes and "measured again" in judge.notes[0] else 1)
         return judge, judge_kept.name
 
     stalled = {guards.SIDE_STREAM: "your process timed 0.0054 ms ...: work ran outside the timed stream"}
@@ -619,7 +621,7 @@ def test_a_wall_clock_suspicion_is_measured_again_and_only_the_second_measuremen
     assert kept == "only" and judge.findings.codes == [guards.IMPOSSIBLE_SPEED] and judge.notes == []
     # a median that is a slow call (lease 10: a fifth of the candidates' beside other runs) is measured again too;
     # a second one still so says it
-    slow = "7 of the candidate's 10 timed calls took more than 2 times its fastest (0.0234 ms), so its median ..."
+    slow = "7 of the candidate's 10 timed calls took more than 2 times its fastest (0.0234 ms), and its median ..."
     judge, kept = judged(("first", {}, slow), ("second", {}), ("never", {}))
     assert kept == "second" and judge.notes == [f"timing measured again: in the first measurement {slow}"]
     judge, kept = judged(("first", {}, slow), ("second", {}, slow), ("never", {}))

@@ -580,3 +580,35 @@ def test_replicates_pooled_into_one_run(tmp_path: Path) -> None:
                                       str(tmp_path / "cli"), "--no-paper"])
     assert result.exit_code == 0, result.output
     assert table(tmp_path / "cli", "differences") == table(report.out, "differences")
+
+
+def test_the_timing_table_counts_unsteady_gpu_timings(tmp_path: Path) -> None:
+    """Lease 10: a fifth of the candidates' medians were slow calls (above twice the fastest), never the reference's.
+    Counted over results judged in the run with CUDA event timings; cached and CPU ones left out."""
+    from drkernel.report import write_report
+
+    def stats(median: float, fastest: float, method: str = "cuda_event") -> dict:
+        return {"median_ms": median, "iqr_ms": 0.0, "mean_ms": median, "min_ms": fastest, "trials": 10,
+                "method": method}
+
+    def row(task: str, timing: dict | None, cached: bool = False) -> dict:
+        return {"task": task, "level": None, "sample": 0, "turn": 1, "status": "correct", "reward": 1.0,
+                "code": "pass", "result": {"correct": True, "speedup": 1.0, "cached": cached, "timing": timing}}
+
+    steady = {"reference": stats(0.1, 0.1), "candidate": stats(0.05, 0.05)}
+    rows = [row("steady", steady),
+            row("slow", {"reference": stats(0.1, 0.1), "candidate": stats(3.3, 0.07)}),
+            row("again", {**steady, "measurements": 2}),
+            row("both", {"reference": stats(0.5, 0.1), "candidate": stats(0.5, 0.05), "measurements": 2}),
+            row("cached", {"reference": stats(0.1, 0.1), "candidate": stats(9.0, 0.05)}, cached=True),
+            row("cpu", {"reference": stats(1.0, 0.1, "cpu_wall"), "candidate": stats(9.0, 0.1, "cpu_wall")}),
+            row("untimed", None)]
+    run = tmp_path / "gpu_run"
+    run.mkdir()
+    (run / "trajectories.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (run / "summary.json").write_text("{}")
+    report = write_report([run], tmp_path / "out", paper=False)
+    assert table(report.out, "timing") == [{"run": "gpu_run", "timed on the GPU": "4", "measured again": "2",
+                                            "candidate's median slow": "2", "reference's median slow": "1"}]
+    write_report([DATA / "bench_examples"], tmp_path / "cpu_only", paper=False)  # no GPU timings: no table
+    assert not (tmp_path / "cpu_only" / "tables" / "timing.csv").exists()

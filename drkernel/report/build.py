@@ -23,6 +23,7 @@ from drkernel.report.metrics import (
     phase_medians,
     step_thirds,
     task_bests,
+    timing_quality,
     turn_curves,
 )
 from drkernel.report.published import Published, load_paper, load_published
@@ -36,6 +37,7 @@ from drkernel.report.tables import (
     outcomes_table,
     phases_table,
     tasks_table,
+    timing_table,
     training_table,
     turn_key,
     turns_table,
@@ -109,6 +111,9 @@ def _bench_sections(report: Report, bench: list[Run]) -> None:
     medians = [phase_medians(r.turns_name, r.turns) for r in bench]
     if any(m.medians for m in medians):
         report.tables.append(phases_table(medians))
+    qualities = [timing_quality(r.turns_name, r.turns) for r in bench]
+    if any(q.timed for q in qualities):
+        report.tables.append(timing_table(qualities))
     interpreter = any(t.interpreter for r in bench for t in r.turns)
     if interpreter:
         report.notes.append("Some timings come from Triton's interpreter on the CPU: their speedups, and so Fast@p "

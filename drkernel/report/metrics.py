@@ -353,6 +353,25 @@ PHASES = ("duration", "start_latency", "reference", "load", "correctness", "gpu_
           "ablation", "gate_wait", "evaluation", "generation")
 
 
+@dataclass(frozen=True)
+class TimingQuality:
+    """A run's GPU-timed evaluations (judged in it, not cached): how many the judge measured twice, and how many had
+    a side's median timed call slow (above twice its fastest: it waited for something else; lease 10)."""
+
+    run: str
+    timed: int
+    measured_again: int
+    slow_candidate: int
+    slow_reference: int
+
+
+def timing_quality(run: str, turns: list[Turn]) -> TimingQuality:
+    timed = [turn for turn in turns if turn.measurements]
+    return TimingQuality(run, len(timed), sum(turn.measurements > 1 for turn in timed),
+                         sum("candidate" in turn.slow_medians for turn in timed),
+                         sum("reference" in turn.slow_medians for turn in timed))
+
+
 @dataclass
 class PhaseMedians:
     """A run's median seconds per phase over its turns that logged it; `judged`: evaluations run, not cached."""

@@ -21,6 +21,7 @@ from typing import Any
 from drkernel.agent.records import GENERATION_ERRORS, TRAJECTORIES, read_jsonl_lines
 from drkernel.errors import UsageError
 from drkernel.rl import AnswerKind, answer_kind, measured_coverage
+from drkernel.sandbox.timing import slow
 
 METRICS = "metrics.jsonl"
 REQUIRED_FIELDS = ("task", "level", "sample", "turn", "status", "result", "reward", "code")
@@ -50,6 +51,10 @@ class Turn:
     # where the turn's time went, in seconds: the evaluation's phases (a judged, not cached, result's `phases_s` and
     # `duration_s` as "duration") and the agent's `timings` (generation, and the wait for the verdict)
     seconds: tuple[tuple[str, float], ...] = ()
+    # a result judged here (not cached) with GPU timings: how many measurements the judge made (0: none here), and
+    # the sides whose median timed call was a slow one (drkernel.sandbox.timing.slow: the call waited for something)
+    measurements: int = 0
+    slow_medians: tuple[str, ...] = ()
 
 
 @dataclass
@@ -239,7 +244,23 @@ def _turn(row: dict[str, Any], path: Path, line: int) -> Turn:
         interpreter=bool((result.get("environment") or {}).get("interpreter", False)),
         kind=answer_kind(result).value,
         seconds=_seconds(row, result),
+        **_gpu_timing(result),
     )
+
+
+def _gpu_timing(result: dict[str, Any]) -> dict[str, Any]:
+    """`measurements` and `slow_medians` of a result judged in the run with CUDA event timings."""
+    timing = result.get("timing") if isinstance(result.get("timing"), dict) else None
+    if result.get("cached") or not timing:
+        return {}
+    sides = {side: timing.get(side) for side in ("reference", "candidate") if isinstance(timing.get(side), dict)}
+    if not sides or any(stats.get("method") != "cuda_event" for stats in sides.values()):
+        return {}
+    measurements = timing.get("measurements", 1)
+    return {"measurements": measurements if isinstance(measurements, int) and measurements > 0 else 1,
+            "slow_medians": tuple(side for side, stats in sides.items()
+                                  if all(isinstance(stats.get(k), (int, float)) for k in ("median_ms", "min_ms"))
+                                  and slow(stats["median_ms"], stats["min_ms"]))}
 
 
 def _seconds(row: dict[str, Any], result: dict[str, Any]) -> tuple[tuple[str, float], ...]:

@@ -25,6 +25,7 @@ from drkernel.report.metrics import (
     PhaseMedians,
     StepSpan,
     TaskBest,
+    TimingQuality,
     TurnCurves,
 )
 from drkernel.report.published import Published
@@ -190,6 +191,21 @@ def phases_table(all_medians: list[PhaseMedians]) -> Table:
                           "run's, it shows whether a slower run spent its time on the GPU or on the host.")
     for medians in all_medians:
         table.rows.append([medians.run, medians.judged, *(medians.medians.get(name) for name in shown)])
+    return table
+
+
+def timing_table(qualities: list[TimingQuality]) -> Table:
+    table = Table("timing", "How steady the GPU timings were (evaluations)",
+                  ["run", "timed on the GPU", "measured again", "candidate's median slow", "reference's median slow"],
+                  ["text", "int", "int", "int", "int"],
+                  caption="Over the evaluations judged in the run (cached ones left out) with CUDA event timings. A "
+                          "side's median slow: its median timed call took more than twice its fastest, so the "
+                          "speedup stands on calls that waited for something else (the host or the GPU busy); the "
+                          "judge measures such an evaluation again and keeps the second measurement (measured "
+                          "again also counts its wall-clock suspicions), so these count what was still slow after "
+                          "it. Runs judged before that rule count their first measurements.")
+    for q in qualities:
+        table.rows.append([q.run, q.timed, q.measured_again, q.slow_candidate, q.slow_reference])
     return table
 
 

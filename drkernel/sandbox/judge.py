@@ -596,6 +596,7 @@ class Judge:
         if why:
             self.notes.append(f"timing measured again: in the first measurement {why}")
             measured, suspicions = self._measure_once(reference, report, spent)
+            measured.timing.measurements = 2
         for reason, message in suspicions.items():
             self.findings.add(reason, message)
         self.notes += [f"timing: {text}: the speedup may be off (a busy host or GPU); timing.*.samples_ms holds every "

@@ -179,26 +179,30 @@ class PersistingL2:
         return limit.value != 0 or any(window)
 
 
+def slow(value_ms: float, fastest_ms: float) -> bool:
+    """A call slower than SLOW_FACTOR times the side's fastest: on a GPU, one that waited for something else inside
+    its events (lease 10, docs/experiments.md: a fifth of the candidates' medians there were such calls)."""
+    return value_ms > SLOW_FACTOR * fastest_ms + SLOW_MARGIN_MS
+
+
 def slow_calls(values: list[float]) -> list[int]:
-    """The calls (indices) slower than SLOW_FACTOR times the fastest: on a GPU that waited for something else inside
-    the call's events (lease 10, docs/experiments.md: a fifth of the candidates' medians there were such calls)."""
+    """The slow calls' indices."""
     fastest = min(values, default=0.0)
-    return [i for i, value in enumerate(values) if value > SLOW_FACTOR * fastest + SLOW_MARGIN_MS]
+    return [i for i, value in enumerate(values) if slow(value, fastest)]
 
 
 def unsteady(side: str, samples: Samples, spins_ms: list[float]) -> str | None:
-    """On CUDA, what to say when half or more of a side's timed calls were slow ones, so that its median is one of
-    them and the speedup stands on a call that waited (None otherwise); also how many of them the host was still
-    enqueueing when the device spin before them ran out (`spins_ms`: each call's spin), which tells a host that
-    stalled from a device that was busy."""
+    """On CUDA, what to say when a side's median call is a slow one, so that the speedup stands on calls that waited
+    (None otherwise); also how many slow calls the host was still enqueueing when the device spin before them ran
+    out (`spins_ms`: each call's spin), which tells a host that stalled from a device that was busy."""
     values = samples.primary
-    slow = slow_calls(values)
-    if not values or 2 * len(slow) < len(values):
+    if not values or not slow(statistics.median(values), min(values)):
         return None
-    text = (f"{len(slow)} of the {side}'s {len(values)} timed calls took more than {SLOW_FACTOR:g} times its fastest "
-            f"({min(values):.3g} ms), so its median ({statistics.median(values):.3g} ms) is one of them")
+    slowed = slow_calls(values)
+    text = (f"{len(slowed)} of the {side}'s {len(values)} timed calls took more than {SLOW_FACTOR:g} times its "
+            f"fastest ({min(values):.3g} ms), and its median ({statistics.median(values):.3g} ms) too")
     if samples.host_ms:
-        outlasted = sum(1 for i in slow if i < min(len(samples.host_ms), len(spins_ms))
+        outlasted = sum(1 for i in slowed if i < min(len(samples.host_ms), len(spins_ms))
                         and samples.host_ms[i] > spins_ms[i])
         text += f"; the host was still enqueueing {outlasted} of them when the device spin before them ran out"
     return text
