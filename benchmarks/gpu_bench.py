@@ -75,6 +75,11 @@ def summary(result: EvalResult) -> dict:
         "cand_ms": cand.median_ms if cand else None,
         "cand_wall_ms": cand.wall_median_ms if cand else None,
         "spin_ms": [ref.spin_ms if ref else None, cand.spin_ms if cand else None],  # reference's, candidate's
+        # every timed call (event ms) and its host time, per side, and how many measurements the judge made: whether
+        # a slow call waited for the host or for the GPU (lease 10, docs/benchmarks.md)
+        "calls_ms": {"reference": ref.samples_ms if ref else [], "candidate": cand.samples_ms if cand else []},
+        "host_ms": {"reference": ref.host_ms if ref else [], "candidate": cand.host_ms if cand else []},
+        "measurements": result.timing.measurements if result.timing else 0,
         "coverage": p.coverage if p else None,
         "precision": dataclasses.asdict(result.correctness.precision)
         if result.correctness and result.correctness.precision else None,

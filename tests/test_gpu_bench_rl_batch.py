@@ -63,3 +63,19 @@ def test_rl_batch_section_runs_tiny_on_the_cpu(gpu_bench) -> None:
     assert data["phase_median_s"] and all(v >= 0 for v in data["phase_median_s"].values())
     assert data["runs"]["distinct"]["cached"] == 0 and data["runs"]["level1"]["ran"] == 1
     assert data["level1_per_minute_running"] > 0 and data["level1_phase_median_s"]
+
+
+def test_a_row_keeps_every_timed_call_and_its_host_time(gpu_bench) -> None:
+    """What tells a host that stalled from a GPU that was busy, when a median is a slow call (lease 10)."""
+    from drkernel.schema import EvalResult, Timing, TimingStats
+
+    def side(calls: list[float], host: list[float]) -> TimingStats:
+        return TimingStats(sorted(calls)[len(calls) // 2], 0.0, sum(calls) / len(calls), min(calls), len(calls),
+                           "cuda_event", samples_ms=calls, host_ms=host)
+
+    result = EvalResult(timing=Timing(reference=side([0.1, 0.1, 0.1], [0.01] * 3),
+                                      candidate=side([0.05, 3.0, 4.0], [0.02, 5.0, 0.03]), measurements=2))
+    row = gpu_bench.summary(result)
+    assert row["calls_ms"] == {"reference": [0.1, 0.1, 0.1], "candidate": [0.05, 3.0, 4.0]}
+    assert row["host_ms"] == {"reference": [0.01] * 3, "candidate": [0.02, 5.0, 0.03]}
+    assert row["measurements"] == 2 and gpu_bench.summary(EvalResult())["measurements"] == 0
