@@ -79,7 +79,7 @@ class TimingStats:
     wall_median_ms: float | None = None  # host-synchronized wall time per call (CUDA only)
     spin_ms: float | None = None  # median device spin before a timed call, outlasting its enqueueing (CUDA only)
     samples_ms: list[float] = field(default_factory=list)  # every timed call, in order: what the statistics are of
-    host_ms: list[float] = field(default_factory=list)  # each timed call's host time from its start event to its end
+    host_ms: list[float] = field(default_factory=list)  # each timed call's host time (CUDA: enqueueing its events)
 
 
 @dataclass

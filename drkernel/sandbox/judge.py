@@ -584,8 +584,8 @@ class Judge:
         candidate in its process (its event timing checked against the judge's wall clock), every candidate output
         compared on a sample, a few chosen calls in full.
 
-        When the wall-clock check fires, or half or more of a side's calls were slow ones (its median is one of them:
-        a fifth of the candidates' in lease 10, beside other runs' evaluations), the whole measurement is made once
+        When the wall-clock check fires, or a side's median call is a slow one (above twice its fastest: a fifth of
+        the candidates' in lease 10, beside other runs' evaluations), the whole measurement is made once
         more and only the second one counts, its timings and its check: a host that stalled some of the calls (a
         legitimate kernel was `side_stream_timing` on an H200 beside other runs' evaluations) gets a clean
         measurement, work hidden on another stream shows again, and a candidate that changes its behaviour for the

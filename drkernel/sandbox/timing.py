@@ -41,7 +41,7 @@ SLOW_MARGIN_MS = 0.005
 class Samples:
     event_ms: list[float] = field(default_factory=list)  # CUDA: GPU time between events; CPU: wall time per call
     wall_ms: list[float] = field(default_factory=list)  # CUDA: the judge's wall-clock view of each timed call
-    host_ms: list[float] = field(default_factory=list)  # each call's host time from its start event to its end event
+    host_ms: list[float] = field(default_factory=list)  # each call's host time, enqueueing its start event to its end
 
     @property
     def primary(self) -> list[float]:
