@@ -6,8 +6,9 @@ times. This isolates those calls, each in a loop, in one process per GPU and all
 
     python benchmarks/driver_contention.py --gpus 0,1,2,3 --out DIR
 
-Scenarios: `alone` (one process, on the first GPU), `spread` (one process on each GPU), `same` (as many processes,
-all on the first GPU: what one GPU's own evaluations do to each other). Every process runs the same operation at
+Scenarios: `alone` (one process, on the first GPU), `spread` (one process for each GPU named: `--gpus 0,0,0,1,1,1`
+runs three on each of two), `same` (as many processes, all on the first GPU: what one GPU's own evaluations do to
+each other). Every process runs the same operation at
 the same time (a barrier between operations), each the way the judge does it:
 
   kernel     a small kernel and a synchronisation: the GPU's own work, the control
