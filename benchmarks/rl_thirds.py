@@ -61,7 +61,7 @@ def thirds(samples: list[dict], p: float, measure: str = "first") -> tuple[list[
         if measure != "first" and "sample" not in s:
             raise SystemExit(f"--measure {measure} needs each turn's `sample` (its trajectory); a turn of step "
                              f"{s['step']} has none")
-        trajectory = (s["step"], s["task"], s["sample"] if measure != "first" else number)
+        trajectory = (s["step"], s["task"], s.get("sample", number))  # first answers need no sample: one a line
         if measure != "first" or s["turn"] == 1:
             fast = bool(s.get("correct")) and (s.get("speedup") or 0.0) >= p
             trajectories.setdefault(trajectory, {})[s["turn"]] = fast

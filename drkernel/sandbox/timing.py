@@ -196,11 +196,14 @@ def unsteady(side: str, samples: Samples, spins_ms: list[float]) -> str | None:
     (None otherwise); also how many slow calls the host was still enqueueing when the device spin before them ran
     out (`spins_ms`: each call's spin), which tells a host that stalled from a device that was busy."""
     values = samples.primary
-    if not values or not slow(statistics.median(values), min(values)):
+    if not values:
+        return None
+    fastest, median = min(values), statistics.median(values)
+    if not slow(median, fastest):
         return None
     slowed = slow_calls(values)
     text = (f"{len(slowed)} of the {side}'s {len(values)} timed calls took more than {SLOW_FACTOR:g} times its "
-            f"fastest ({min(values):.3g} ms), and its median ({statistics.median(values):.3g} ms) too")
+            f"fastest ({fastest:.3g} ms), and its median ({median:.3g} ms) too")
     if samples.host_ms:
         outlasted = sum(1 for i in slowed if i < min(len(samples.host_ms), len(spins_ms))
                         and samples.host_ms[i] > spins_ms[i])
