@@ -610,5 +610,6 @@ def test_the_timing_table_counts_unsteady_gpu_timings(tmp_path: Path) -> None:
     report = write_report([run], tmp_path / "out", paper=False)
     assert table(report.out, "timing") == [{"run": "gpu_run", "timed on the GPU": "4", "measured again": "2",
                                             "candidate's median slow": "2", "reference's median slow": "1"}]
+    assert '<h2 id="timing">How steady the GPU timings were</h2>' in report.html.read_text()  # the page shows it too
     write_report([DATA / "bench_examples"], tmp_path / "cpu_only", paper=False)  # no GPU timings: no table
     assert not (tmp_path / "cpu_only" / "tables" / "timing.csv").exists()
