@@ -8,7 +8,9 @@ times. This isolates those calls, each in a loop, in one process per GPU and all
 
 Scenarios: `alone` (one process, on the first GPU), `spread` (one process for each GPU named: `--gpus 0,0,0,1,1,1`
 runs three on each of two), `same` (as many processes, all on the first GPU: what one GPU's own evaluations do to
-each other). Every process runs the same operation at
+each other), `starting` (as `spread`, while processes beside them start a CUDA context and end, back to back, one
+loop on each GPU `--starters` names: every evaluation starts and ends two such processes, a judge and a subject,
+and a host of four busy GPUs starts several a second). Every measured process runs the same operation at
 the same time (a barrier between operations), each the way the judge does it:
 
   kernel     a small kernel and a synchronisation: the GPU's own work, the control
@@ -20,8 +22,8 @@ the same time (a barrier between operations), each the way the judge does it:
              profile phase opens one per call
   context    a new process's CUDA start: its first tensor on the GPU, import excluded
 
-DIR/driver_contention.json holds every process's median and 90th percentile per operation and scenario, and each
-scenario's medians over `alone`'s.
+DIR/driver_contention.json holds every process's median and 90th percentile per operation and scenario, each
+scenario's medians over `alone`'s, and in `starting` how many CUDA starts a second ran beside (`starts_per_s`).
 """
 
 from __future__ import annotations
@@ -42,14 +44,23 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 OPERATIONS = ("kernel", "malloc", "ipc", "profiler", "context")
-SCENARIOS = ("alone", "spread", "same")
+SCENARIOS = ("alone", "spread", "same", "starting")
 CONTEXT_PROBE = ("import time, torch; t = time.perf_counter(); torch.zeros(1, device='cuda'); "
                  "torch.cuda.synchronize(); print(time.perf_counter() - t)")
 
 
 def placements(gpus: list[str]) -> dict[str, list[str]]:
     """The GPU of each process, per scenario."""
-    return {"alone": gpus[:1], "spread": list(gpus), "same": [gpus[0]] * len(gpus)}
+    return {"alone": gpus[:1], "spread": list(gpus), "same": [gpus[0]] * len(gpus), "starting": list(gpus)}
+
+
+def _start_contexts(gpu: str, stop: Any, started: Any) -> None:
+    """A CUDA start and end after another on `gpu` until `stop` is set; counts them in `started`."""
+    while not stop.is_set():
+        subprocess.run([sys.executable, "-c", CONTEXT_PROBE], capture_output=True, check=True,
+                       env={**os.environ, "CUDA_VISIBLE_DEVICES": gpu})
+        with started.get_lock():
+            started.value += 1
 
 
 def summarize(samples: dict[str, dict[str, list[list[float]]]]) -> dict[str, Any]:
@@ -164,11 +175,18 @@ def _worker(gpu: str, iterations: int, contexts: int, barrier: Any, results: Any
     results.put((index, samples))
 
 
-def run_scenario(gpus: list[str], iterations: int, contexts: int) -> dict[str, list[list[float]]]:
+def run_scenario(gpus: list[str], iterations: int, contexts: int,
+                 starters: list[str] | None = None) -> tuple[dict[str, list[list[float]]], float | None]:
+    """Each operation's samples per process, and with `starters` the CUDA starts a second beside them."""
     spawn = multiprocessing.get_context("spawn")
     barrier, results = spawn.Barrier(len(gpus)), spawn.Queue()
+    stop, started = spawn.Event(), spawn.Value("i", 0)
+    loops = [spawn.Process(target=_start_contexts, args=(gpu, stop, started), daemon=True) for gpu in starters or []]
+    for loop in loops:
+        loop.start()
     workers = [spawn.Process(target=_worker, args=(gpu, iterations, contexts, barrier, results, i))
                for i, gpu in enumerate(gpus)]
+    began = time.perf_counter()
     for worker in workers:
         worker.start()
     try:
@@ -178,9 +196,12 @@ def run_scenario(gpus: list[str], iterations: int, contexts: int) -> dict[str, l
             worker.kill()
         codes = [worker.exitcode for worker in workers]
         raise SystemExit(f"driver_contention: a process on GPUs {gpus} did not finish (exit codes {codes})") from None
-    for worker in workers:
-        worker.join(timeout=60)
-    return {operation: [collected[i][operation] for i in range(len(gpus))] for operation in OPERATIONS}
+    finally:
+        stop.set()
+    rate = started.value / (time.perf_counter() - began) if loops else None
+    for process in workers + loops:
+        process.join(timeout=60)
+    return {operation: [collected[i][operation] for i in range(len(gpus))] for operation in OPERATIONS}, rate
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -189,6 +210,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--iterations", type=int, default=100, help="timed repetitions of each operation")
     parser.add_argument("--contexts", type=int, default=4, help="new processes timed for `context`")
     parser.add_argument("--scenarios", default=",".join(SCENARIOS))
+    parser.add_argument("--starters", help="GPUs of the loops that start CUDA contexts in `starting` (default: "
+                                           "those of --gpus, once each)")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
     gpus = [g.strip() for g in args.gpus.split(",") if g.strip()]
@@ -202,13 +225,19 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"driver_contention: no CUDA GPU {gpus[0]} here; it measures the CUDA driver only")
     where = placements(gpus)
     args.out.mkdir(parents=True, exist_ok=True)
+    starters = ([g.strip() for g in args.starters.split(",") if g.strip()] if args.starters
+                else list(dict.fromkeys(gpus)))
     samples: dict[str, dict[str, list[list[float]]]] = {}
+    starts_per_s: float | None = None
     for scenario in scenarios:  # written after each, so that a run cut short keeps what it measured
-        samples[scenario] = run_scenario(where[scenario], args.iterations, args.contexts)
+        samples[scenario], rate = run_scenario(where[scenario], args.iterations, args.contexts,
+                                               starters if scenario == "starting" else None)
+        starts_per_s = rate if rate is not None else starts_per_s
         summary = summarize(samples)
         (args.out / "driver_contention.json").write_text(json.dumps(
             {"gpus": gpus, "placements": {s: where[s] for s in samples}, "iterations": args.iterations,
-             "contexts": args.contexts, "summary": summary}, indent=1))
+             "contexts": args.contexts, "starters": starters if "starting" in samples else None,
+             "starts_per_s": None if starts_per_s is None else round(starts_per_s, 2), "summary": summary}, indent=1))
         print(f"[{scenario}] done", flush=True)
     print(f"{'operation':<10}" + "".join(f"{s:>26}" for s in scenarios))
     for operation in OPERATIONS:

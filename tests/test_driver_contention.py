@@ -15,7 +15,8 @@ SPEC.loader.exec_module(driver_contention)
 
 def test_each_scenario_places_its_processes():
     where = driver_contention.placements(["0", "1", "2"])
-    assert where == {"alone": ["0"], "spread": ["0", "1", "2"], "same": ["0", "0", "0"]}
+    assert where == {"alone": ["0"], "spread": ["0", "1", "2"], "same": ["0", "0", "0"],
+                     "starting": ["0", "1", "2"]}
 
 
 def test_the_summary_sets_each_scenario_against_the_process_alone():
@@ -43,3 +44,19 @@ def test_an_unknown_scenario_is_a_usage_error(tmp_path, capsys):
     with pytest.raises(SystemExit):
         driver_contention.main(["--gpus", "0", "--scenarios", "alone,crowded", "--out", str(tmp_path)])
     assert "not crowded" in capsys.readouterr().err
+
+
+def test_the_starting_loops_count_their_starts_and_stop_when_told(monkeypatch):
+    """`starting`'s loops, here with a probe that needs no GPU: they run until told to stop and count each start."""
+    import multiprocessing
+    import time
+
+    monkeypatch.setattr(driver_contention, "CONTEXT_PROBE", "pass")
+    spawn = multiprocessing.get_context("fork")
+    stop, started = spawn.Event(), spawn.Value("i", 0)
+    loop = spawn.Process(target=driver_contention._start_contexts, args=("0", stop, started))
+    loop.start()
+    time.sleep(1.0)
+    stop.set()
+    loop.join(timeout=30)
+    assert loop.exitcode == 0 and started.value >= 2

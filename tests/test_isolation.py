@@ -11,9 +11,11 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 from drkernel.runner import sandbox as sandbox_module
 from drkernel.runner.sandbox import Sandbox
+from drkernel.sandbox.judge import SharedCopies
 from drkernel.schema import EvalOptions, EvalRequest
 
 REPO = Path(__file__).resolve().parents[1]
@@ -182,3 +184,32 @@ def test_the_memory_watch_scans_proc_once_per_interval_for_all_evaluations(monke
     finally:
         holder.kill()
         holder.wait()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA IPC exists only on a GPU")
+def test_what_the_judge_shares_lies_alone_in_its_allocations() -> None:
+    """CUDA IPC opens the whole allocation a shared tensor lies in (exploit l9 writes through it): the judge's copy
+    for the subject lies in an allocation with nothing else in it, away from the values it computes with, and the
+    pool's memory is given back at `release`."""
+    device = torch.device("cuda", 0)
+    inputs = torch.randn(16, 300, device=device)
+    ref_out = torch.relu(inputs)  # what the judge computes before it shares the inputs, beside them
+    shares = SharedCopies(device)
+    shared = shares.copy(inputs)
+    torch.cuda.synchronize()
+    assert torch.equal(shared, inputs) and shared.data_ptr() != inputs.data_ptr()
+
+    segments = torch.cuda.memory_snapshot()
+
+    def segment_of(tensor: torch.Tensor) -> dict:
+        ptr = tensor.untyped_storage().data_ptr()
+        return next(s for s in segments if s["address"] <= ptr < s["address"] + s["total_size"])
+
+    assert segment_of(shared)["address"] not in {segment_of(inputs)["address"], segment_of(ref_out)["address"]}
+    assert [b["size"] for b in segment_of(shared)["blocks"] if b["state"] == "active_allocated"] == [
+        shared.untyped_storage().nbytes() + (-shared.untyped_storage().nbytes()) % 512]
+    reserved = torch.cuda.memory_reserved(device)
+    del shared
+    shares.release()
+    torch.cuda.empty_cache()
+    assert torch.cuda.memory_reserved(device) < reserved

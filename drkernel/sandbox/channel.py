@@ -14,7 +14,7 @@ import json
 import math
 import os
 import socket
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -92,11 +92,14 @@ def pair() -> tuple[socket.socket, socket.socket]:
 
 class Encoder:
     """Turns a value into a JSON-able description plus payloads. On CUDA, `keep` holds what was shared until the
-    receiver has used it (the sender's memory must outlive the receiver's mapping)."""
+    receiver has used it (the sender's memory must outlive the receiver's mapping). A CUDA IPC handle opens the
+    whole allocation a tensor lies in, not the tensor: a sender with memory of its own to protect passes `copy`,
+    which puts each tensor it shares where nothing else of the sender's lies (the judge's `SharedCopies`)."""
 
-    def __init__(self) -> None:
+    def __init__(self, copy: Callable[[torch.Tensor], torch.Tensor] | None = None) -> None:
         self.payloads: list[bytes] = []
         self.keep: list[torch.Tensor] = []
+        self.copy = copy
 
     def encode(self, value: Any, depth: int = 0) -> Any:
         if isinstance(value, torch.Tensor):
@@ -114,7 +117,7 @@ class Encoder:
         plain = torch.Tensor._make_subclass(torch.Tensor, tensor.detach()) if type(tensor) is not torch.Tensor \
             else tensor.detach()
         if plain.is_cuda:
-            plain = plain.contiguous()
+            plain = self.copy(plain) if self.copy is not None else plain.contiguous()
             self.keep.append(plain)
             storage = plain.untyped_storage()
             device, handle, size, offset, rc_handle, rc_offset, event, event_sync = storage._share_cuda_()

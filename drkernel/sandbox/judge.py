@@ -76,6 +76,31 @@ class Failure(Exception):
 # -- the subject, seen from the judge ------------------------------------------------------------------------------
 
 
+class SharedCopies:
+    """Where the judge puts what it shares with the subject on a GPU: a memory pool of its own, holding nothing but
+    these copies. CUDA IPC hands the subject the whole allocation a shared tensor lies in, and a candidate that keeps
+    a mapping (a torch-function mode sees the subject's own calls on it) can write anywhere in it: beside a shared
+    input in the judge's ordinary memory lay the reference's outputs for that input, computed just before
+    (`tests/exploits/l9_*`). Nothing the judge computes with is ever in this pool, so whatever the subject writes
+    there reaches only values the judge has already let go of."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.pool: Any = None  # torch.cuda.MemPool, made at the first share after each release
+
+    def copy(self, tensor: torch.Tensor) -> torch.Tensor:
+        if self.pool is None:
+            self.pool = torch.cuda.MemPool()
+        with torch.cuda.use_mem_pool(self.pool, self.device):
+            return tensor.clone(memory_format=torch.contiguous_format)
+
+    def release(self) -> None:
+        """Let the pool's memory go once the subject has let its mappings go: a pool's cached memory is given back
+        only when the pool itself goes (`torch.cuda.empty_cache` leaves it), so the pool goes and a new one comes."""
+        torch.cuda.ipc_collect()
+        self.pool = None
+
+
 class SubjectLink:
     """Requests to the subject process. Its replies are evidence: outputs to compare, timings to check, findings to
     add. If it dies or breaks the protocol, the evaluation fails with what the judge saw."""
@@ -84,6 +109,7 @@ class SubjectLink:
                  gate: DeviceGate | None) -> None:
         self.conn, self.pid, self.scratch, self.device = conn, pid, scratch, device
         self.findings, self.gate = findings, gate
+        self.shares = SharedCopies(device) if device.type == "cuda" else None
         # What the two processes cost beyond the work itself, in seconds: requests' round trips less the subject's
         # time in its handlers (the socket, encoding, mapping inputs), collecting shared blocks, mapping outputs.
         self.costs = {"handover": 0.0, "ipc_collect": 0.0, "map_outputs": 0.0}
@@ -93,11 +119,11 @@ class SubjectLink:
 
     def ask(self, op: str, values: dict[str, Any] | None = None, **fields: Any) -> tuple[dict[str, Any], list]:
         self._collect()
-        if values:
-            _sync_for(self.device)()  # the values are written before the subject reads them
         start = time.perf_counter()
-        encoder = Encoder()
+        encoder = self._encoder()
         header = {"op": op, **fields, **{k: encoder.encode(v) for k, v in (values or {}).items()}}
+        if values:
+            _sync_for(self.device)()  # the values (and their shared copies) are written before the subject reads them
         try:
             self.conn.send(header, encoder.payloads)
             reply, payloads = self._reply()
@@ -107,6 +133,9 @@ class SubjectLink:
         self._take_findings(reply)
         del encoder  # the subject has copied the inputs
         return reply, payloads
+
+    def _encoder(self) -> Encoder:
+        return Encoder(self.shares.copy if self.shares is not None else None)
 
     def _take_findings(self, reply: dict[str, Any]) -> None:
         """Add what the subject's checks found (known reason codes only); raise its classified failure, if any."""
@@ -125,8 +154,10 @@ class SubjectLink:
         """A timed call: the reply, its payloads, and the judge's wall-clock milliseconds from the request until the
         subject said the call was over (before it handed the outputs over)."""
         self._collect()
-        encoder = Encoder()
+        encoder = self._encoder()
         header = {"op": "time", **fields, **{k: encoder.encode(v) for k, v in values.items()}}
+        if values:
+            _sync_for(self.device)()
         start = time.perf_counter()
         try:
             self.conn.send(header, encoder.payloads)
@@ -436,10 +467,10 @@ class Judge:
 
     def check_memory_share(self, reference: Reference) -> None:
         """Several evaluations check correctness at once: one whose trials need more than a share of the GPU's memory
-        (inputs, the subject's copy, the hand-over copy and two outputs, from get_inputs on the meta device) is
-        large: it checks beside ordinary evaluations but no other large one, and keeps the GPU while the subject
-        compiles (its memory, held through a compilation, left no room for another's timing: out-of-memory failures
-        measured on an H100)."""
+        (inputs, the copy the judge shares, the subject's own copy and two outputs, from get_inputs on the meta
+        device) is large: it checks beside ordinary evaluations but no other large one, and keeps the GPU while the
+        subject compiles (its memory, held through a compilation, left no room for another's timing: out-of-memory
+        failures measured on an H100)."""
         if self.gate is None or self.device.type != "cuda":
             return
         inputs = input_bytes(reference.get_inputs)  # None, sizes unknown: do not risk another evaluation's memory
@@ -819,6 +850,8 @@ class Judge:
                     if self.device.type == "cuda":
                         with contextlib.suppress(Failure):  # a subject already gone holds nothing
                             self.link.ask("release")
+                        if self.link.shares is not None:
+                            self.link.shares.release()
                         torch.cuda.empty_cache()
 
     @contextmanager
