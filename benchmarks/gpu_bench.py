@@ -79,6 +79,8 @@ def summary(result: EvalResult) -> dict:
         # a slow call waited for the host or for the GPU (lease 10, docs/benchmarks.md)
         "calls_ms": {"reference": ref.samples_ms if ref else [], "candidate": cand.samples_ms if cand else []},
         "host_ms": {"reference": ref.host_ms if ref else [], "candidate": cand.host_ms if cand else []},
+        "host_interruptions": {"reference": ref.host_interruptions if ref else [],
+                               "candidate": cand.host_interruptions if cand else []},
         "measurements": result.timing.measurements if result.timing else 0,
         "coverage": p.coverage if p else None,
         "precision": dataclasses.asdict(result.correctness.precision)

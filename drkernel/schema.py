@@ -80,6 +80,8 @@ class TimingStats:
     spin_ms: float | None = None  # median device spin before a timed call, outlasting its enqueueing (CUDA only)
     samples_ms: list[float] = field(default_factory=list)  # every timed call, in order: what the statistics are of
     host_ms: list[float] = field(default_factory=list)  # each timed call's host time (CUDA: enqueueing its events)
+    # each timed call's [voluntary context switches, involuntary ones, page faults] of the host thread in that time
+    host_interruptions: list[list[int]] = field(default_factory=list)
 
 
 @dataclass

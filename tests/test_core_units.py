@@ -6,6 +6,7 @@ import contextlib
 import dataclasses
 import json
 import math
+import time
 
 import pytest
 import torch
@@ -166,10 +167,16 @@ def test_a_median_that_is_a_slow_call_is_told_with_what_the_host_was_doing() -> 
     assert timing.unsteady("candidate", slow, [1.0] * 6) == (
         "4 of the candidate's 6 timed calls took more than 2 times its fastest (0.05 ms), and its median (2.5 ms) "
         "too; the host was still enqueueing 2 of them when the device spin before them ran out")
+    slow.interruptions = [[0, 0, 0], [2, 0, 0], [0, 1, 0], [1, 0, 3], [0, 0, 0], [0, 0, 0]]
+    assert timing.unsteady("candidate", slow, [1.0] * 6).endswith(
+        "; while enqueueing, the host blocked in the kernel in 2 of them, was preempted in 1 and faulted memory in "
+        "in 1")
     stats = timing.summarize(slow, "cuda_event", 1.0)
     assert stats.samples_ms == slow.event_ms and stats.host_ms == slow.host_ms
+    assert stats.host_interruptions == slow.interruptions
     assert EvalResult.from_dict({"timing": {"candidate": dataclasses.asdict(stats)}}).timing.candidate == stats
-    old = {k: v for k, v in dataclasses.asdict(stats).items() if k not in ("samples_ms", "host_ms")}
+    old = {k: v for k, v in dataclasses.asdict(stats).items()
+           if k not in ("samples_ms", "host_ms", "host_interruptions")}
     assert EvalResult.from_dict({"timing": {"candidate": old}}).timing.candidate.samples_ms == []  # older records
 
 
@@ -177,6 +184,14 @@ def test_cpu_call_timer_times_wall_clock() -> None:
     timer = timing.CallTimer(torch.device("cpu"))
     out, elapsed_ms, host_ms = timer.timed(lambda a: a * 2, [torch.ones(3)])
     assert torch.equal(out, torch.full((3,), 2.0)) and elapsed_ms == host_ms >= 0
+
+    def blocks(a: torch.Tensor) -> torch.Tensor:  # a call that waits in the kernel and touches new memory
+        time.sleep(0.01)
+        return a + bytearray(64 << 20)[-1]
+
+    timer.timed(blocks, [torch.ones(3)])
+    blocked, _, faults = timer.interruptions
+    assert blocked >= 1 and faults >= 1  # 64 MiB of new pages: 16,384 faults of 4 KiB, or 32 of 2 MiB where huge
 
 
 def test_no_garbage_collection_runs_inside_a_timed_or_warm_up_call() -> None:

@@ -693,6 +693,8 @@ class Judge:
                 host_ms["candidate"].append(_positive(reply.get("host_ms")))
                 ref.host_ms.append(ref_host_ms)
                 cand.host_ms.append(host_ms["candidate"][-1])
+                ref.interruptions.append(list(timer.interruptions))
+                cand.interruptions.append(_counts(reply.get("host_interruptions")))
                 ref.event_ms.append(ref_ms)
                 cand.event_ms.append(_positive(reply.get("event_ms")))
                 # A null call right after (the same steps and hand-over around no call): what the wall clock sees
@@ -1001,6 +1003,13 @@ def _positive(value: Any) -> float:
     if isinstance(value, (int, float)) and math.isfinite(value) and value >= 0:
         return float(value)
     raise Failure(Status.CRASHED, "BadReply", f"the candidate's process reported a timing of {value!r}")
+
+
+def _counts(value: Any) -> list[int]:
+    """The subject's `thread_interruptions` of a call (a diagnostic: one it forges misleads only its own notes)."""
+    if isinstance(value, list) and len(value) == 3 and all(type(v) is int and 0 <= v < 1 << 31 for v in value):
+        return value
+    return [0, 0, 0]
 
 
 def _profile_from(data: Any) -> Profile:

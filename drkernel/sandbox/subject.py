@@ -261,7 +261,8 @@ class Subject:
             self.findings.add(guards.L2_PERSISTENCE, "the candidate changed the GPU's persisting-L2 settings (a "
                               "carve-out or an access-policy window): timed calls must meet a flushed cache.")
         handed = {} if null else self._handed_over(header, out)  # the judge's clock stopped at the signal above
-        return {"event_ms": event_ms, "host_ms": host_ms, "own": len(own), **handed}
+        return {"event_ms": event_ms, "host_ms": host_ms, "host_interruptions": self.timer.interruptions,
+                "own": len(own), **handed}
 
     def profile(self, header: dict[str, Any], payloads: list[bytearray]) -> dict[str, Any]:
         """The GPU time of calls on fresh inputs (a warm-up, then one profiled call per input set), split into own

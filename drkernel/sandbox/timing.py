@@ -14,6 +14,7 @@ ratio of medians with a bootstrap confidence interval over trials.
 from __future__ import annotations
 
 import gc
+import resource
 import statistics
 import time
 from contextlib import contextmanager
@@ -28,6 +29,8 @@ from drkernel.schema import TimingStats
 L2_FLUSH_BYTES = 256 * 1024 * 1024  # several times the L2 of any current GPU (H100: 50 MB, H200: 60 MB)
 
 _perf_counter = time.perf_counter  # the harness's own references: a candidate patching time.* changes nothing here
+_getrusage = resource.getrusage
+_RUSAGE_THREAD = getattr(resource, "RUSAGE_THREAD", resource.RUSAGE_SELF)  # Linux has the thread's own counts
 
 
 COVER_FACTOR = 3.0  # the device spin lasts this many times the host's typical enqueueing of a call
@@ -42,6 +45,7 @@ class Samples:
     event_ms: list[float] = field(default_factory=list)  # CUDA: GPU time between events; CPU: wall time per call
     wall_ms: list[float] = field(default_factory=list)  # CUDA: the judge's wall-clock view of each timed call
     host_ms: list[float] = field(default_factory=list)  # each call's host time, enqueueing its start event to its end
+    interruptions: list[list[int]] = field(default_factory=list)  # each call's `thread_interruptions` in that time
 
     @property
     def primary(self) -> list[float]:
@@ -71,6 +75,14 @@ def collector_paused() -> Iterator[None]:
             gc.enable()
 
 
+def thread_interruptions() -> list[int]:
+    """[voluntary context switches, involuntary ones, page faults] of the calling thread so far. Taken around a
+    call's enqueueing, they tell a host that blocked in the kernel (a driver call waiting, a lock) from one the
+    scheduler preempted, or one faulting memory in: a timed call whose host stalls past the device spin is slow."""
+    usage = _getrusage(_RUSAGE_THREAD)
+    return [usage.ru_nvcsw, usage.ru_nivcsw, usage.ru_minflt + usage.ru_majflt]
+
+
 class CallTimer:
     """Times calls one at a time. On CUDA, each timed call is preceded on the device by a spin (`cover_ms`) that
     outlasts the host's enqueueing of the flush and the call, then by an L2 flush, so the start event fires when the
@@ -81,6 +93,7 @@ class CallTimer:
         self.stream = 0
         self.cover_ms = 0.0
         self.l2_tampered = False  # a persisting-L2 setting was found changed after a call
+        self.interruptions = [0, 0, 0]  # `thread_interruptions` while the last timed call was enqueued
         if self.cuda:
             self._flush = torch.empty(L2_FLUSH_BYTES, dtype=torch.uint8, device=device)
             self._event = torch.cuda.Event
@@ -111,9 +124,11 @@ class CallTimer:
     def _timed(self, fn: Callable[..., Any], args: list[Any],
                on_idle: Callable[[], None] | None) -> tuple[Any, float, float]:
         if not self.cuda:
+            before = thread_interruptions()
             start = _perf_counter()
             out = fn(*args)
             elapsed = (_perf_counter() - start) * 1e3
+            self.interruptions = [b - a for a, b in zip(before, thread_interruptions())]
             if on_idle is not None:
                 on_idle()
             return out, elapsed, elapsed
@@ -122,11 +137,13 @@ class CallTimer:
         if self.cover_ms:
             self._spin(int(self.cover_ms * self._cycles_per_ms))
         self._flush.zero_()  # right before the call, whatever the spin's length, as do_bench flushes
+        before = thread_interruptions()  # under the spin, as the host's whole enqueueing is
         host_start = _perf_counter()
         start.record()
         out = fn(*args)
         end.record()
         host_ms = (_perf_counter() - host_start) * 1e3
+        self.interruptions = [b - a for a, b in zip(before, thread_interruptions())]
         self._sync()
         if on_idle is not None:
             on_idle()
@@ -208,6 +225,11 @@ def unsteady(side: str, samples: Samples, spins_ms: list[float]) -> str | None:
         outlasted = sum(1 for i in slowed if i < min(len(samples.host_ms), len(spins_ms))
                         and samples.host_ms[i] > spins_ms[i])
         text += f"; the host was still enqueueing {outlasted} of them when the device spin before them ran out"
+    if samples.interruptions:
+        seen = [samples.interruptions[i] for i in slowed if i < len(samples.interruptions)]
+        blocked, preempted, faulted = (sum(1 for counts in seen if counts[k] > 0) for k in range(3))
+        text += (f"; while enqueueing, the host blocked in the kernel in {blocked} of them, was preempted in "
+                 f"{preempted} and faulted memory in in {faulted}")
     return text
 
 
@@ -225,6 +247,7 @@ def summarize(samples: Samples, method: str, spin_ms: float | None = None) -> Ti
         spin_ms=spin_ms if method == "cuda_event" else None,
         samples_ms=list(values),
         host_ms=list(samples.host_ms),
+        host_interruptions=[list(counts) for counts in samples.interruptions],
     )
 
 
