@@ -642,3 +642,14 @@ def test_a_wall_clock_suspicion_is_measured_again_and_only_the_second_measuremen
     judge, kept = judged(("first", {}, slow), ("second", {}, slow), ("never", {}))
     assert kept == "second" and judge.notes[1] == (f"timing: {slow}: the speedup may be off (a busy host or GPU); "
                                                    "timing.*.samples_ms holds every call")
+
+
+def test_only_a_large_evaluation_or_much_memory_is_given_back_between_phases() -> None:
+    """Giving cached GPU memory back and allocating it again takes the driver's host-wide lock (lease 11): an ordinary
+    evaluation keeps up to KEEP_CACHED_BYTES per process from phase to phase; above it, or when large, both give back."""
+    from drkernel.sandbox.judge import KEEP_CACHED_BYTES, gives_back
+
+    assert not gives_back(False, 300 << 20, 100 << 20)
+    assert not gives_back(False, KEEP_CACHED_BYTES, KEEP_CACHED_BYTES)
+    assert gives_back(False, KEEP_CACHED_BYTES + 1, 0) and gives_back(False, 0, KEEP_CACHED_BYTES + 1)
+    assert gives_back(True, 0, 0)

@@ -57,6 +57,7 @@ ABORT_HINT = ("; most often a kernel that loaded or stored outside its tensors (
               "a CUDA error raised where it cannot be caught; on the CPU a corrupted heap): check each store's size "
               "against its output")
 PROFILED_CALLS = 3  # profiled forwards, each on inputs of its own
+KEEP_CACHED_BYTES = 1 << 30  # what a process of an ordinary evaluation keeps cached from one phase to the next
 PROFILE_SHARE_OF_MEMORY = 0.5  # the profile holds the GPU alone, but other evaluations' processes keep their memory
 STOP_WAIT_S = 2.0  # how long the judge waits to learn how the subject ended
 # The timing phase's parts in `phases_s` (as timing_<part>): the timer and the buffers shared for the phase, filling
@@ -114,6 +115,7 @@ class SubjectLink:
         # time in its handlers (the socket, encoding, mapping inputs), collecting shared blocks, mapping outputs.
         self.costs = {"handover": 0.0, "ipc_collect": 0.0, "map_outputs": 0.0}
         self.peak_bytes = 0  # the most the subject's allocator held in a request since this was last set to 0
+        self._last_outputs: Any = None  # the outputs mapped last, kept open until the next are (see `values`)
         self.death: Failure | None = None  # how the subject ended, once the judge has seen it
         self.reaped: int | None = None  # its wait status, once the judge has reaped it
 
@@ -193,13 +195,22 @@ class SubjectLink:
             self.costs["ipc_collect"] += time.perf_counter() - start
 
     def values(self, reply: dict[str, Any], payloads: list, key: str) -> Any:
+        """The values a reply describes. On a GPU the last ones stay mapped until these are: the subject's next
+        outputs mostly lie in the same allocation, which is then found open instead of opened and closed again
+        (both are calls that take the driver's lock for the whole host)."""
         start = time.perf_counter()
         try:
-            return channel.decode(reply[key], payloads, self.device)
+            values = channel.decode(reply[key], payloads, self.device)
         except (KeyError, channel.BadMessage) as exc:
             raise Failure(Status.CRASHED, "BadReply", f"the candidate's process sent a malformed answer: {exc}")
         finally:
             self.costs["map_outputs"] += time.perf_counter() - start
+        self._last_outputs = values
+        return values
+
+    def forget_outputs(self) -> None:
+        """Let the last mapping go (the end of a phase: the subject may give its memory back)."""
+        self._last_outputs = None
 
     def _reply(self) -> tuple[dict[str, Any], list]:
         """The reply, letting the GPU's gate go while the subject's Triton compiles a kernel."""
@@ -840,7 +851,7 @@ class Judge:
     @contextmanager
     def _gated(self, phase: str, hold: Callable[[DeviceGate], Any]) -> Iterator[None]:
         """Hold the GPU's gate (nothing to hold when the evaluation has its device to itself); on the way out, both
-        processes give back the memory they cached before others go on."""
+        processes let the phase's buffers go, and give back the memory they cached if it is much (`gives_back`)."""
         with self._memory_of(phase):
             if self.gate is None:
                 yield
@@ -850,11 +861,15 @@ class Judge:
                     yield
                 finally:
                     if self.device.type == "cuda":
+                        give_back = gives_back(self.large, torch.cuda.memory_reserved(self.device),
+                                               self.link.peak_bytes)
+                        self.link.forget_outputs()
                         with contextlib.suppress(Failure):  # a subject already gone holds nothing
-                            self.link.ask("release")
-                        if self.link.shares is not None:
+                            self.link.ask("release", give_back=give_back)
+                        if give_back and self.link.shares is not None:
                             self.link.shares.release()
-                        torch.cuda.empty_cache()
+                        if give_back:
+                            torch.cuda.empty_cache()
 
     @contextmanager
     def _memory_of(self, phase: str) -> Iterator[None]:
@@ -872,6 +887,15 @@ class Judge:
                                ("subject", self.link.peak_bytes)):
                 key = f"{phase}_{side}"
                 self.memory_gib[key] = max(self.memory_gib.get(key, 0.0), round(peak / 2**30, 3))
+
+
+def gives_back(large: bool, judge_bytes: int, subject_bytes: int) -> bool:
+    """Whether both processes give their cached GPU memory back to the driver at the end of a phase: a large
+    evaluation does, and one whose processes hold more than KEEP_CACHED_BYTES (the others' phases need the room). An
+    ordinary one keeps it: giving back and allocating again, phase after phase, are calls that take the driver's
+    lock for the whole host (`rmapiLockAcquire`), where lease 11 found the threads of several GPUs' evaluations
+    waiting (docs/benchmarks.md)."""
+    return large or max(judge_bytes, subject_bytes) > KEEP_CACHED_BYTES
 
 
 def evaluate(request: EvalRequest, workdir: Path, device: torch.device, gate: DeviceGate | None,

@@ -67,6 +67,7 @@ class Subject:
         self.out_staging: Any = None
         self.gate_hooks = gate_hooks
         self.mapping_s = 0.0  # this request's time spent mapping the judge's inputs
+        self.last_mapped: Any = None  # the judge's values mapped last (see `_mapped`)
 
     # -- the loop ----------------------------------------------------------------------------------------------
 
@@ -125,12 +126,16 @@ class Subject:
         a matmul beside others on an H100."""
         start = time.perf_counter()
         try:
-            return channel.decode(header["inputs"], payloads, self.device)
+            values = channel.decode(header["inputs"], payloads, self.device)
         except (torch.AcceleratorError, torch.OutOfMemoryError) as exc:
             raise Refusal(Status.CRASHED, "SandboxError",
                           f"the candidate's process could not map the judge's values ({type(exc).__name__}: {exc})")
         finally:
             self.mapping_s += time.perf_counter() - start
+        # Kept mapped until the next request's are: the judge's next copies mostly lie in the same allocation, which
+        # is then found open instead of opened and closed again (calls that take the driver's lock for the host).
+        self.last_mapped = values
+        return values
 
     # -- load and build ------------------------------------------------------------------------------------------
 
@@ -315,12 +320,14 @@ class Subject:
                 "repeat_differs": first != again}
 
     def release(self, header: dict[str, Any], payloads: list[bytearray]) -> dict[str, Any]:
-        """The judge lets the GPU go to other evaluations: give back the memory this process holds for the phase."""
-        self.buffers = self.timer = self.out_staging = None
+        """The judge lets the GPU go to other evaluations: let the phase's buffers go, and give the memory cached
+        back to the driver if the judge says so (`judge.gives_back`)."""
+        self.buffers = self.timer = self.out_staging = self.last_mapped = None
         if self.device.type == "cuda":
             torch.cuda.synchronize()
             torch.cuda.ipc_collect()
-            torch.cuda.empty_cache()
+            if header.get("give_back", True):
+                torch.cuda.empty_cache()
         return {}
 
     def finish(self, header: dict[str, Any], payloads: list[bytearray]) -> dict[str, Any]:
