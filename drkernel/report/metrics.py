@@ -363,13 +363,18 @@ class TimingQuality:
     measured_again: int
     slow_candidate: int
     slow_reference: int
+    calls: int = 0  # the candidates' timed calls (of the measurement kept)
+    slow_calls: int = 0  # the slow ones among them
+    slow_calls_blocked: int = 0  # of those, the ones whose host blocked in the kernel while enqueueing them
 
 
 def timing_quality(run: str, turns: list[Turn]) -> TimingQuality:
     timed = [turn for turn in turns if turn.measurements]
     return TimingQuality(run, len(timed), sum(turn.measurements > 1 for turn in timed),
                          sum("candidate" in turn.slow_medians for turn in timed),
-                         sum("reference" in turn.slow_medians for turn in timed))
+                         sum("reference" in turn.slow_medians for turn in timed),
+                         sum(turn.calls for turn in timed), sum(turn.slow_calls for turn in timed),
+                         sum(turn.slow_calls_blocked for turn in timed))
 
 
 @dataclass

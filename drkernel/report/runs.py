@@ -21,7 +21,7 @@ from typing import Any
 from drkernel.agent.records import GENERATION_ERRORS, TRAJECTORIES, read_jsonl_lines
 from drkernel.errors import UsageError
 from drkernel.rl import AnswerKind, answer_kind, measured_coverage
-from drkernel.sandbox.timing import slow
+from drkernel.sandbox.timing import slow, slow_calls
 
 METRICS = "metrics.jsonl"
 REQUIRED_FIELDS = ("task", "level", "sample", "turn", "status", "result", "reward", "code")
@@ -55,6 +55,11 @@ class Turn:
     # the sides whose median timed call was a slow one (drkernel.sandbox.timing.slow: the call waited for something)
     measurements: int = 0
     slow_medians: tuple[str, ...] = ()
+    # the candidate's timed calls, the slow ones among them, and of those the ones whose host blocked in the kernel
+    # while it enqueued them (`timing.candidate.host_interruptions`; 0 where a record has none)
+    calls: int = 0
+    slow_calls: int = 0
+    slow_calls_blocked: int = 0
 
 
 @dataclass
@@ -257,10 +262,18 @@ def _gpu_timing(result: dict[str, Any]) -> dict[str, Any]:
     if not sides or any(stats.get("method") != "cuda_event" for stats in sides.values()):
         return {}
     measurements = timing.get("measurements", 1)
+    samples = sides.get("candidate", {}).get("samples_ms")
+    samples = samples if isinstance(samples, list) and all(isinstance(v, (int, float)) for v in samples) else []
+    counts = sides.get("candidate", {}).get("host_interruptions")
+    counts = counts if isinstance(counts, list) else []
+    slowed = slow_calls(samples)
     return {"measurements": measurements if isinstance(measurements, int) and measurements > 0 else 1,
             "slow_medians": tuple(side for side, stats in sides.items()
                                   if all(isinstance(stats.get(k), (int, float)) for k in ("median_ms", "min_ms"))
-                                  and slow(stats["median_ms"], stats["min_ms"]))}
+                                  and slow(stats["median_ms"], stats["min_ms"])),
+            "calls": len(samples), "slow_calls": len(slowed),
+            "slow_calls_blocked": sum(1 for i in slowed if i < len(counts) and isinstance(counts[i], list)
+                                      and counts[i] and isinstance(counts[i][0], int) and counts[i][0] > 0)}
 
 
 def _seconds(row: dict[str, Any], result: dict[str, Any]) -> tuple[tuple[str, float], ...]:
