@@ -645,8 +645,9 @@ def test_a_wall_clock_suspicion_is_measured_again_and_only_the_second_measuremen
 
 
 def test_only_a_large_evaluation_or_much_memory_is_given_back_between_phases() -> None:
-    """Giving cached GPU memory back and allocating it again takes the driver's host-wide lock (lease 11): an ordinary
-    evaluation keeps up to KEEP_CACHED_BYTES per process from phase to phase; above it, or when large, both give back."""
+    """Giving cached GPU memory back and allocating it again takes the driver's host-wide lock (docs/benchmarks.md):
+    an ordinary evaluation keeps up to KEEP_CACHED_BYTES per process from phase to phase; above it, or when large,
+    both give back."""
     from drkernel.sandbox.judge import KEEP_CACHED_BYTES, gives_back
 
     assert not gives_back(False, 300 << 20, 100 << 20)

@@ -893,8 +893,8 @@ def gives_back(large: bool, judge_bytes: int, subject_bytes: int) -> bool:
     """Whether both processes give their cached GPU memory back to the driver at the end of a phase: a large
     evaluation does, and one whose processes hold more than KEEP_CACHED_BYTES (the others' phases need the room). An
     ordinary one keeps it: giving back and allocating again, phase after phase, are calls that take the driver's
-    lock for the whole host (`rmapiLockAcquire`), where lease 11 found the threads of several GPUs' evaluations
-    waiting (docs/benchmarks.md)."""
+    lock for the whole host (`rmapiLockAcquire`), where the threads of several GPUs' evaluations were found waiting
+    (docs/benchmarks.md, "Where the host waits")."""
     return large or max(judge_bytes, subject_bytes) > KEEP_CACHED_BYTES
 
 
