@@ -14,6 +14,9 @@ and a host of four busy GPUs starts several a second). Every measured process ru
 the same time (a barrier between operations), each the way the judge does it:
 
   kernel     a small kernel and a synchronisation: the GPU's own work, the control
+  launch     a small Triton kernel's launch, the host's enqueueing alone (Triton's launcher asks the driver about
+             every pointer argument, `cuPointerGetAttribute`; the judge's reference, launched by torch, does not)
+  pointer    that question alone, about a tensor of the process's own, as the launcher asks it
   malloc     64 MiB allocated and given back to the driver (cudaMalloc, cudaFree)
   ipc        a 4 MiB tensor shared with a peer process the way the judge and the subject hand values over
              (`drkernel.sandbox.channel`: a memory handle and an inter-process event, mapped and let go by the peer),
@@ -43,7 +46,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-OPERATIONS = ("kernel", "malloc", "ipc", "profiler", "context")
+OPERATIONS = ("kernel", "launch", "pointer", "malloc", "ipc", "profiler", "context")
 SCENARIOS = ("alone", "spread", "same", "starting")
 CONTEXT_PROBE = ("import time, torch; t = time.perf_counter(); torch.zeros(1, device='cuda'); "
                  "torch.cuda.synchronize(); print(time.perf_counter() - t)")
@@ -107,7 +110,11 @@ def _peer(conn: Any) -> None:
 
 def _worker(gpu: str, iterations: int, contexts: int, barrier: Any, results: Any, index: int) -> None:
     os.environ["CUDA_VISIBLE_DEVICES"] = gpu
+    import ctypes
+
     import torch
+    import triton
+    import triton.language as tl
     from torch.profiler import ProfilerActivity, profile
 
     from drkernel.sandbox import channel
@@ -123,6 +130,19 @@ def _worker(gpu: str, iterations: int, contexts: int, barrier: Any, results: Any
     def kernel() -> None:
         x.add_(1)
         torch.cuda.synchronize()
+
+    @triton.jit
+    def add_one(x_ptr, n, BLOCK: tl.constexpr):
+        offs = tl.arange(0, BLOCK)
+        tl.store(x_ptr + offs, tl.load(x_ptr + offs, mask=offs < n) + 1, mask=offs < n)
+
+    def launch() -> None:
+        add_one[(1,)](x, x.numel(), BLOCK=1024)
+
+    libcuda, answer = ctypes.CDLL("libcuda.so.1"), ctypes.c_uint64(0)
+
+    def pointer() -> None:
+        libcuda.cuPointerGetAttribute(ctypes.byref(answer), 3, ctypes.c_uint64(x.data_ptr()))  # DEVICE_POINTER
 
     def malloc() -> None:
         block = torch.empty(64 << 20, dtype=torch.uint8, device=device)
@@ -168,8 +188,9 @@ def _worker(gpu: str, iterations: int, contexts: int, barrier: Any, results: Any
                                       check=True, env={**os.environ, "CUDA_VISIBLE_DEVICES": gpu})
                 samples[operation].append(float(done.stdout.strip().splitlines()[-1]) * 1e3)
         else:
-            samples[operation] = timed({"kernel": kernel, "malloc": malloc, "profiler": profiled}[operation],
-                                       iterations)
+            steps = {"kernel": kernel, "launch": launch, "pointer": pointer, "malloc": malloc, "profiler": profiled}
+            samples[operation] = timed(steps[operation], iterations)
+            torch.cuda.synchronize()  # the launches' kernels, before the next operation
     here.send(None)
     peer.join(timeout=30)
     results.put((index, samples))
