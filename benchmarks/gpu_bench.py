@@ -65,6 +65,11 @@ def summary(result: EvalResult) -> dict:
     p = result.profile
     ref = result.timing.reference if result.timing else None
     cand = result.timing.candidate if result.timing else None
+
+    def per_call(field: str) -> dict[str, list]:
+        return {side: getattr(stats, field) if stats else []
+                for side, stats in (("reference", ref), ("candidate", cand))}
+
     return {
         "status": result.status,
         "hack_reasons": result.hack_reasons,
@@ -77,10 +82,9 @@ def summary(result: EvalResult) -> dict:
         "spin_ms": [ref.spin_ms if ref else None, cand.spin_ms if cand else None],  # reference's, candidate's
         # every timed call (event ms) and its host time, per side, and how many measurements the judge made: whether
         # a slow call waited for the host or for the GPU (lease 10, docs/benchmarks.md)
-        "calls_ms": {"reference": ref.samples_ms if ref else [], "candidate": cand.samples_ms if cand else []},
-        "host_ms": {"reference": ref.host_ms if ref else [], "candidate": cand.host_ms if cand else []},
-        "host_interruptions": {"reference": ref.host_interruptions if ref else [],
-                               "candidate": cand.host_interruptions if cand else []},
+        "calls_ms": per_call("samples_ms"),
+        "host_ms": per_call("host_ms"),
+        "host_interruptions": per_call("host_interruptions"),
         "measurements": result.timing.measurements if result.timing else 0,
         "coverage": p.coverage if p else None,
         "precision": dataclasses.asdict(result.correctness.precision)

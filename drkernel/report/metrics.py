@@ -355,8 +355,9 @@ PHASES = ("duration", "start_latency", "reference", "load", "correctness", "gpu_
 
 @dataclass(frozen=True)
 class TimingQuality:
-    """A run's GPU-timed evaluations (judged in it, not cached): how many the judge measured twice, and how many had
-    a side's median timed call slow (above twice its fastest: it waited for something else; lease 10)."""
+    """A run's GPU-timed evaluations (judged in it, not cached): how many the judge measured twice, how many had
+    a side's median timed call slow (above twice its fastest: it waited for something else; lease 10), and the
+    candidates' timed calls, slow and blocked, summed over them."""
 
     run: str
     timed: int

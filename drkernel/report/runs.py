@@ -254,7 +254,8 @@ def _turn(row: dict[str, Any], path: Path, line: int) -> Turn:
 
 
 def _gpu_timing(result: dict[str, Any]) -> dict[str, Any]:
-    """`measurements` and `slow_medians` of a result judged in the run with CUDA event timings."""
+    """`measurements`, `slow_medians` and the candidate's slow calls (`calls`, `slow_calls`, `slow_calls_blocked`)
+    of a result judged in the run with CUDA event timings."""
     timing = result.get("timing") if isinstance(result.get("timing"), dict) else None
     if result.get("cached") or not timing:
         return {}

@@ -866,9 +866,9 @@ class Judge:
                         self.link.forget_outputs()
                         with contextlib.suppress(Failure):  # a subject already gone holds nothing
                             self.link.ask("release", give_back=give_back)
-                        if give_back and self.link.shares is not None:
-                            self.link.shares.release()
                         if give_back:
+                            if self.link.shares is not None:
+                                self.link.shares.release()
                             torch.cuda.empty_cache()
 
     @contextmanager

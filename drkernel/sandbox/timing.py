@@ -83,6 +83,11 @@ def thread_interruptions() -> list[int]:
     return [usage.ru_nvcsw, usage.ru_nivcsw, usage.ru_minflt + usage.ru_majflt]
 
 
+def interruptions_since(before: list[int]) -> list[int]:
+    """`thread_interruptions` since `before` (taken by the same thread)."""
+    return [now - then for then, now in zip(before, thread_interruptions())]
+
+
 class CallTimer:
     """Times calls one at a time. On CUDA, each timed call is preceded on the device by a spin (`cover_ms`) that
     outlasts the host's enqueueing of the flush and the call, then by an L2 flush, so the start event fires when the
@@ -128,7 +133,7 @@ class CallTimer:
             start = _perf_counter()
             out = fn(*args)
             elapsed = (_perf_counter() - start) * 1e3
-            self.interruptions = [b - a for a, b in zip(before, thread_interruptions())]
+            self.interruptions = interruptions_since(before)
             if on_idle is not None:
                 on_idle()
             return out, elapsed, elapsed
@@ -143,7 +148,7 @@ class CallTimer:
         out = fn(*args)
         end.record()
         host_ms = (_perf_counter() - host_start) * 1e3
-        self.interruptions = [b - a for a, b in zip(before, thread_interruptions())]
+        self.interruptions = interruptions_since(before)
         self._sync()
         if on_idle is not None:
             on_idle()
