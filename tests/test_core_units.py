@@ -436,10 +436,11 @@ class _FakeSubjectLink:
     device = torch.device("cuda")
 
     def __init__(self, shared: list) -> None:
-        self.shared, self.asked, self.decoded = shared, [], []
+        self.shared, self.asked, self.decoded, self.fields = shared, [], [], {}
 
     def ask(self, op, values=None, **fields):
         self.asked.append(op)
+        self.fields[op] = fields
         return ({"inputs": self.shared} if op == "stage" else {}), []
 
     def ask_timed(self, values, **fields):
@@ -463,17 +464,52 @@ def test_timed_inputs_are_written_into_the_subject_s_buffers_and_null_calls_hand
         parts.append(name)
         return contextlib.nullcontext()
 
-    with TimedCalls(link, template, part) as calls:  # type: ignore[arg-type]
+    with TimedCalls(link, template, part, lambda: False) as calls:  # type: ignore[arg-type]
         calls.load([torch.full((2, 3), 7.0), 4])
         assert torch.equal(subject_buffers[0], torch.full((2, 3), 7.0))  # one copy, straight into the subject's
         assert calls.timed(0.1, null=True) == ({"outputs": "encoded", "event_ms": 1.0}, 2.0, None)
         assert link.decoded == ["inputs"]  # a null call's reply is not decoded: nothing was handed over
         assert calls.timed(0.1)[2] == "encoded" and link.decoded == ["inputs", "outputs"]
     assert link.asked == ["stage", "null", "time", "release"] and parts == ["stage", "release"]
+    assert link.fields["release"] == {"give_back": False}  # the judge's `gives_back` decides, as between phases
     for unlike in ([torch.zeros(3, 2), 4], [torch.zeros(2, 3, dtype=torch.float64), 4], [torch.zeros(2, 3)], "x"):
         with pytest.raises(Failure) as failed:
-            TimedCalls(_FakeSubjectLink(unlike), template, part).__enter__()  # type: ignore[arg-type]
+            TimedCalls(_FakeSubjectLink(unlike), template, part, lambda: True).__enter__()  # type: ignore[arg-type]
         assert (failed.value.status, failed.value.kind) == (Status.CRASHED, "BadReply")
+
+
+def test_a_large_evaluation_s_first_call_runs_the_candidate_once_on_the_judge_s_values_and_keeps_its_failure(
+        tmp_path) -> None:
+    """The call made for Triton to compile (`compile`): the candidate runs once, in the mode asked, on the values the
+    judge sent; nothing comes back but the state checks' findings, and an exception is the candidate's verdict."""
+    from drkernel.sandbox import guards
+    from drkernel.sandbox.channel import Encoder
+    from drkernel.sandbox.subject import Refusal, Subject
+
+    class Seen(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.calls: list[tuple[bool, bool, list[float]]] = []
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            self.calls.append((self.training, torch.is_grad_enabled(), x.tolist()))
+            if x.sum() < 0:
+                raise ValueError("negative inputs")
+            return x * 2
+
+    subject = Subject(None, tmp_path, torch.device("cpu"), gate_hooks=False)
+    subject.model, subject.state_guard = Seen(), guards.StateGuard([])
+    encoder = Encoder()
+    header = {"inputs": encoder.encode([torch.tensor([1.0, 2.0])]), "mode": "eval+no_grad"}
+    assert subject.compile(header, [bytearray(p) for p in encoder.payloads]) == {}
+    assert subject.model.calls == [(False, False, [1.0, 2.0])] and not subject.findings.details
+    encoder = Encoder()
+    header = {"inputs": encoder.encode([torch.tensor([-1.0])]), "mode": "eval+no_grad"}
+    with pytest.raises(Refusal) as refused:
+        subject.compile(header, [bytearray(p) for p in encoder.payloads])
+    failure = refused.value.failure
+    assert (failure["status"], failure["kind"]) == (Status.RUNTIME_ERROR.value, "ValueError")
+    assert "negative inputs" in failure["message"]
 
 
 def test_a_failed_mapping_of_the_judge_s_values_is_the_harness_s_failure(tmp_path, monkeypatch) -> None:

@@ -234,15 +234,14 @@ class SubjectLink:
             self.death = self._classify_death(exc)
         return self.death
 
-    def named_outputs(self, failure: Failure, ref_out: Any) -> Failure:
+    def named_outputs(self, failure: Failure, expected: str) -> Failure:
         """A call that killed the subject (most often a store outside an output the candidate allocated too small),
-        with what the reference returns for the same inputs, computed before the call: what to size the outputs to.
-        It stands as the subject's end for whatever asks later."""
+        with what the reference returns for the same inputs (`expected`, described before the call): what to size
+        the outputs to. It stands as the subject's end for whatever asks later."""
         if failure.status is not Status.CRASHED or failure.kind != "Signal":
             return failure
         self.death = Failure(failure.status, failure.kind,
-                             f"{failure.message}; for these inputs the reference returns {_described(ref_out)}",
-                             failure.tb)
+                             f"{failure.message}; for these inputs the reference returns {expected}", failure.tb)
         return self.death
 
     def _classify_death(self, exc: Exception) -> Failure:
@@ -303,9 +302,10 @@ class TimedCalls:
     travel as bytes."""
 
     def __init__(self, link: SubjectLink, template: list[Any],
-                 part: Callable[[str], contextlib.AbstractContextManager[None]]) -> None:
+                 part: Callable[[str], contextlib.AbstractContextManager[None]], give_back: Callable[[], bool]) -> None:
         self.link, self.template = link, template
         self.part = part  # counts the time of the phase's parts by name: here "stage" and "release"
+        self.give_back = give_back  # asked at the end: whether the subject gives its cached memory back too
         self.staged = link.device.type == "cuda"
         self.inputs: list[Any] = []  # staged: the subject's input buffers, as mapped here; else the next call's values
         self.outputs: Any = None  # staged: the subject's output buffers, as mapped here
@@ -322,11 +322,11 @@ class TimedCalls:
 
     def __exit__(self, *exc: Any) -> None:
         """Both sides let the phase's buffers go before the next phase (a profile of a large problem needs the
-        memory); a subject already gone holds nothing."""
+        memory, given back as `give_back` says); a subject already gone holds nothing."""
         staged, self.inputs, self.outputs = self.staged, [], None
         if staged and exc[0] is None:
             with self.part("release"):
-                self.link.ask("release")
+                self.link.ask("release", give_back=self.give_back())
 
     def load(self, fresh: list[Any]) -> None:
         """The next call's input values (the caller synchronises the device before the call)."""
@@ -508,6 +508,8 @@ class Judge:
         # come in between. Ordinary ones hold it trial by trial, letting others' timing in between.
         checks = functools.partial(self.sharing_gpu, "correctness")
         whole, per_trial = (checks, contextlib.nullcontext) if self.large else (contextlib.nullcontext, checks)
+        if self.large:
+            self._compile_first(reference)
         with whole():
             for trial in range(trials):
                 with per_trial():
@@ -520,6 +522,24 @@ class Judge:
             if why:
                 self.notes.append(f"degenerate_task: {why}")
         return report
+
+    def _compile_first(self, reference: Reference) -> None:
+        """A large evaluation's first call, before its trials: Triton compiles the candidate's kernels at their first
+        launch, on the CPU, for up to seconds, and through its trials a large evaluation keeps the GPU from every
+        timing (its memory leaves no room for one). Here it holds one set of inputs and the subject its outputs,
+        room enough beside another's timing, and lets the GPU go while Triton compiles: on KernelBench's level 1,
+        compilations held that way were most of what one large evaluation after another kept from the others. The
+        call is not checked or counted (the trials that follow check every call on inputs it has not seen), but
+        whatever the candidate does in it is its own: an exception or a crash is its verdict."""
+        with self._gated("compile", lambda gate: gate.large(yield_to_compile=True)):
+            inputs = reference.inputs(self.secret_seed())
+            reference.model.train(False)
+            with torch.no_grad():
+                expected = _described(reference.call(*inputs))  # for a crash's message; the outputs go at once
+            try:
+                self.link.ask("compile", {"inputs": inputs}, mode="eval+no_grad")
+            except Failure as failure:
+                raise self.link.named_outputs(failure, expected) from None
 
     def _correctness_trial(self, reference: Reference, trial: int, with_precision: bool, report: CorrectnessReport,
                            ref_samples: list[torch.Tensor]) -> None:
@@ -535,7 +555,7 @@ class Judge:
         try:
             reply, payloads = self.link.ask("call", {"inputs": inputs}, mode=label)
         except Failure as failure:
-            raise self.link.named_outputs(failure, ref_out) from None
+            raise self.link.named_outputs(failure, _described(ref_out)) from None
         cand_out = self.link.values(reply, payloads, "outputs")
         own = {str(k): int(v) for k, v in reply.get("own", {}).items() if isinstance(v, int)}
         report.launches_by_mode[label] = report.launches_by_mode.get(label, 0) + sum(own.values())
@@ -671,7 +691,7 @@ class Judge:
         with part("stage"):
             timer = timing.CallTimer(self.device)
         host_ms: dict[str, list[float]] = {"reference": [], "candidate": []}
-        calls = TimedCalls(self.link, args, part)
+        calls = TimedCalls(self.link, args, part, self._gives_back)
         # No collection in this process while it times (its wall clock of the candidate's calls included).
         with timing.collector_paused(), torch.no_grad(), calls:
             for _ in range(max(1, opts.warmup_trials)):  # at least one: its host time sets the spin
@@ -861,8 +881,7 @@ class Judge:
                     yield
                 finally:
                     if self.device.type == "cuda":
-                        give_back = gives_back(self.large, torch.cuda.memory_reserved(self.device),
-                                               self.link.peak_bytes)
+                        give_back = self._gives_back()
                         self.link.forget_outputs()
                         with contextlib.suppress(Failure):  # a subject already gone holds nothing
                             self.link.ask("release", give_back=give_back)
@@ -870,6 +889,9 @@ class Judge:
                             if self.link.shares is not None:
                                 self.link.shares.release()
                             torch.cuda.empty_cache()
+
+    def _gives_back(self) -> bool:
+        return gives_back(self.large, torch.cuda.memory_reserved(self.device), self.link.peak_bytes)
 
     @contextmanager
     def _memory_of(self, phase: str) -> Iterator[None]:
