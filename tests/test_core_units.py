@@ -478,40 +478,6 @@ def test_timed_inputs_are_written_into_the_subject_s_buffers_and_null_calls_hand
         assert (failed.value.status, failed.value.kind) == (Status.CRASHED, "BadReply")
 
 
-def test_a_large_evaluation_s_first_call_runs_the_candidate_once_on_the_judge_s_values_and_keeps_its_failure(
-        tmp_path) -> None:
-    """The call made for Triton to compile (`compile`): the candidate runs once, in the mode asked, on the values the
-    judge sent; nothing comes back but the state checks' findings, and an exception is the candidate's verdict."""
-    from drkernel.sandbox import guards
-    from drkernel.sandbox.channel import Encoder
-    from drkernel.sandbox.subject import Refusal, Subject
-
-    class Seen(torch.nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.calls: list[tuple[bool, bool, list[float]]] = []
-
-        def forward(self, x: torch.Tensor) -> torch.Tensor:
-            self.calls.append((self.training, torch.is_grad_enabled(), x.tolist()))
-            if x.sum() < 0:
-                raise ValueError("negative inputs")
-            return x * 2
-
-    subject = Subject(None, tmp_path, torch.device("cpu"), gate_hooks=False)
-    subject.model, subject.state_guard = Seen(), guards.StateGuard([])
-    encoder = Encoder()
-    header = {"inputs": encoder.encode([torch.tensor([1.0, 2.0])]), "mode": "eval+no_grad"}
-    assert subject.compile(header, [bytearray(p) for p in encoder.payloads]) == {}
-    assert subject.model.calls == [(False, False, [1.0, 2.0])] and not subject.findings.details
-    encoder = Encoder()
-    header = {"inputs": encoder.encode([torch.tensor([-1.0])]), "mode": "eval+no_grad"}
-    with pytest.raises(Refusal) as refused:
-        subject.compile(header, [bytearray(p) for p in encoder.payloads])
-    failure = refused.value.failure
-    assert (failure["status"], failure["kind"]) == (Status.RUNTIME_ERROR.value, "ValueError")
-    assert "negative inputs" in failure["message"]
-
-
 def test_a_failed_mapping_of_the_judge_s_values_is_the_harness_s_failure(tmp_path, monkeypatch) -> None:
     """cudaErrorMapBufferObjectFailed in the candidate's process, mapping the judge's inputs before any candidate code
     runs, reached a legitimate candidate as runtime_error on an H100: it is `crashed`/`SandboxError` (run again)."""

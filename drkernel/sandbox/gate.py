@@ -15,8 +15,6 @@ timing can run meanwhile, and takes it again before the kernel launches (`resume
 An evaluation whose trials need a large part of the GPU's memory (`large`) shares the GPU with others' ordinary
 checks, but with no other large one (a third file, held exclusively), and keeps its hold while it compiles: its
 memory then never meets another large evaluation's, nor a timing's (out-of-memory failures measured on an H100).
-Its first call, made before its trials with little memory held, is the exception: it lets the GPU go while Triton
-compiles (`large(yield_to_compile=True)`), so that others' timing is not held up for the compilation.
 
 Each gate keeps account (`spent`) of the seconds its holder waited for the GPU and held it alone or as the large
 one: the phases others must wait for, from which a run's rate is bounded.
@@ -62,12 +60,12 @@ class DeviceGate:
         return self._hold(fcntl.LOCK_EX, yield_to_compile=False)
 
     @contextmanager
-    def large(self, yield_to_compile: bool = False) -> Iterator[None]:
+    def large(self) -> Iterator[None]:
         """Checks of an evaluation large in memory: beside others' ordinary checks, one large at a time, the hold
-        kept while compiling unless the holder says its memory leaves room for another's timing."""
+        kept while compiling."""
         self._waiting(lambda: fcntl.flock(self._large, fcntl.LOCK_EX))
         try:
-            with self._hold(fcntl.LOCK_SH, yield_to_compile=yield_to_compile):
+            with self._hold(fcntl.LOCK_SH, yield_to_compile=False):
                 held = time.perf_counter()  # from the GPU taken (not the wait for others' timing) to its release
                 try:
                     yield

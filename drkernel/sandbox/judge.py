@@ -234,14 +234,15 @@ class SubjectLink:
             self.death = self._classify_death(exc)
         return self.death
 
-    def named_outputs(self, failure: Failure, expected: str) -> Failure:
+    def named_outputs(self, failure: Failure, ref_out: Any) -> Failure:
         """A call that killed the subject (most often a store outside an output the candidate allocated too small),
-        with what the reference returns for the same inputs (`expected`, described before the call): what to size
-        the outputs to. It stands as the subject's end for whatever asks later."""
+        with what the reference returns for the same inputs, computed before the call: what to size the outputs to.
+        It stands as the subject's end for whatever asks later."""
         if failure.status is not Status.CRASHED or failure.kind != "Signal":
             return failure
         self.death = Failure(failure.status, failure.kind,
-                             f"{failure.message}; for these inputs the reference returns {expected}", failure.tb)
+                             f"{failure.message}; for these inputs the reference returns {_described(ref_out)}",
+                             failure.tb)
         return self.death
 
     def _classify_death(self, exc: Exception) -> Failure:
@@ -508,8 +509,6 @@ class Judge:
         # come in between. Ordinary ones hold it trial by trial, letting others' timing in between.
         checks = functools.partial(self.sharing_gpu, "correctness")
         whole, per_trial = (checks, contextlib.nullcontext) if self.large else (contextlib.nullcontext, checks)
-        if self.large:
-            self._compile_first(reference)
         with whole():
             for trial in range(trials):
                 with per_trial():
@@ -522,24 +521,6 @@ class Judge:
             if why:
                 self.notes.append(f"degenerate_task: {why}")
         return report
-
-    def _compile_first(self, reference: Reference) -> None:
-        """A large evaluation's first call, before its trials: Triton compiles the candidate's kernels at their first
-        launch, on the CPU, for up to seconds, and through its trials a large evaluation keeps the GPU from every
-        timing (its memory leaves no room for one). Here it holds one set of inputs and the subject its outputs,
-        room enough beside another's timing, and lets the GPU go while Triton compiles: on KernelBench's level 1,
-        compilations held that way were most of what one large evaluation after another kept from the others. The
-        call is not checked or counted (the trials that follow check every call on inputs it has not seen), but
-        whatever the candidate does in it is its own: an exception or a crash is its verdict."""
-        with self._gated("compile", lambda gate: gate.large(yield_to_compile=True)):
-            inputs = reference.inputs(self.secret_seed())
-            reference.model.train(False)
-            with torch.no_grad():
-                expected = _described(reference.call(*inputs))  # for a crash's message; the outputs go at once
-            try:
-                self.link.ask("compile", {"inputs": inputs}, mode="eval+no_grad")
-            except Failure as failure:
-                raise self.link.named_outputs(failure, expected) from None
 
     def _correctness_trial(self, reference: Reference, trial: int, with_precision: bool, report: CorrectnessReport,
                            ref_samples: list[torch.Tensor]) -> None:
@@ -555,7 +536,7 @@ class Judge:
         try:
             reply, payloads = self.link.ask("call", {"inputs": inputs}, mode=label)
         except Failure as failure:
-            raise self.link.named_outputs(failure, _described(ref_out)) from None
+            raise self.link.named_outputs(failure, ref_out) from None
         cand_out = self.link.values(reply, payloads, "outputs")
         own = {str(k): int(v) for k, v in reply.get("own", {}).items() if isinstance(v, int)}
         report.launches_by_mode[label] = report.launches_by_mode.get(label, 0) + sum(own.values())

@@ -72,7 +72,7 @@ class Subject:
     # -- the loop ----------------------------------------------------------------------------------------------
 
     def serve(self) -> None:
-        handlers = {"load": self.load, "compile": self.compile, "call": self.call, "stage": self.stage, "warm": self.warm, "time": self.time,
+        handlers = {"load": self.load, "call": self.call, "stage": self.stage, "warm": self.warm, "time": self.time,
                     "profile": self.profile, "ablate": self.ablate, "release": self.release, "finish": self.finish}
         while True:
             header, payloads = self.conn.receive()
@@ -188,22 +188,6 @@ class Subject:
         self._sync()
         self._check_outputs(args, out)
         return {"outputs": self.sent.encode(out), "own": own}  # own kernel name -> launches
-
-    def compile(self, header: dict[str, Any], payloads: list[bytearray]) -> dict[str, Any]:
-        """A large evaluation's first call, made for Triton to compile (`judge.Judge._compile_first`): on the judge's
-        values as mapped (the judge's copies for the subject, which it never reads back); its outputs never leave
-        this process. What the candidate does to the process's state is checked as after every call."""
-        args = self._mapped(header, payloads)
-        training, grad_mode = MODES[header["mode"]]
-        self._set_training(training)
-        with grad_mode(), self._candidate_running():
-            try:
-                self.model(*args)
-            except BaseException as exc:
-                raise self._classify(exc)
-        self.recorder.take()
-        self.state_guard.check(self.findings)
-        return {}
 
     def stage(self, header: dict[str, Any], payloads: list[bytearray]) -> dict[str, Any]:
         """A timing phase's input buffers, made like the judge's values (contiguous) and shared with it: the judge
