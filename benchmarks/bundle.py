@@ -5,7 +5,7 @@ made smaller without loss (its 4-bit layer tensors are 63 MiB), and the machine 
 warm (30 s after a call). So the files go as one tar split into chunks, one chunk a call, the calls one right after
 the other; the call that brings the last chunk checks the whole and unpacks it.
 
-    python benchmarks/bundle.py pack OUT [NAME=]PATH... [--chunk-mib 55]   here: OUT/bundle-ID-KofN, N chunks
+    python benchmarks/bundle.py pack OUT [NAME=]PATH... [--chunk-mib 40]   here: OUT/bundle-ID-KofN, N chunks
     python benchmarks/bundle.py add CHUNK... [--store /tmp/bundle]         there, in every call: keep the chunks
                                 [--unpack DEST]                            the last call: check all, extract
 
@@ -105,7 +105,9 @@ def main(argv: list[str] | None = None) -> int:
     packing = commands.add_parser("pack", help="make the chunks (here)")
     packing.add_argument("out", type=Path)
     packing.add_argument("inputs", nargs="+", help="PATH or NAME=PATH, a file or a folder")
-    packing.add_argument("--chunk-mib", type=float, default=55.0, help="chunk size: 64 MiB less what else travels")
+    packing.add_argument("--chunk-mib", type=float, default=40.0,
+                         help="chunk size: 64 MiB less what else travels (the tree, 13.5 MiB in November 2026, and "
+                              "the wheels with the first chunk)")
     adding = commands.add_parser("add", help="keep carried chunks; with --unpack, extract the whole (there)")
     adding.add_argument("chunks", nargs="+", type=Path)
     adding.add_argument("--store", type=Path, default=Path("/tmp/bundle"))
