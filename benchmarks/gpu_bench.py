@@ -85,6 +85,7 @@ def summary(result: EvalResult) -> dict:
         "calls_ms": per_call("samples_ms"),
         "host_ms": per_call("host_ms"),
         "host_interruptions": per_call("host_interruptions"),
+        "driver_allocations": per_call("driver_allocations"),
         "measurements": result.timing.measurements if result.timing else 0,
         "coverage": p.coverage if p else None,
         "precision": dataclasses.asdict(result.correctness.precision)

@@ -82,6 +82,8 @@ class TimingStats:
     host_ms: list[float] = field(default_factory=list)  # each timed call's host time (CUDA: enqueueing its events)
     # each timed call's [voluntary context switches, involuntary ones, page faults] of the host thread in that time
     host_interruptions: list[list[int]] = field(default_factory=list)
+    # each timed call's segments taken from the driver by the caching allocator (cudaMalloc) while it was enqueued
+    driver_allocations: list[int] = field(default_factory=list)
 
 
 @dataclass

@@ -171,13 +171,28 @@ def test_a_median_that_is_a_slow_call_is_told_with_what_the_host_was_doing() -> 
     assert timing.unsteady("candidate", slow, [1.0] * 6).endswith(
         "; while enqueueing, the host blocked in the kernel in 2 of them, was preempted in 1 and faulted memory in "
         "in 1")
+    slow.driver_allocations = [0, 1, 0, 2, 1, 0]  # call 4 (index) allocated but was not slow
+    assert timing.unsteady("candidate", slow, [1.0] * 6).endswith(
+        "in 1; the allocator took memory from the driver in 2 of them")
     stats = timing.summarize(slow, "cuda_event", 1.0)
     assert stats.samples_ms == slow.event_ms and stats.host_ms == slow.host_ms
-    assert stats.host_interruptions == slow.interruptions
+    assert stats.host_interruptions == slow.interruptions and stats.driver_allocations == slow.driver_allocations
     assert EvalResult.from_dict({"timing": {"candidate": dataclasses.asdict(stats)}}).timing.candidate == stats
     old = {k: v for k, v in dataclasses.asdict(stats).items()
-           if k not in ("samples_ms", "host_ms", "host_interruptions")}
+           if k not in ("samples_ms", "host_ms", "host_interruptions", "driver_allocations")}
     assert EvalResult.from_dict({"timing": {"candidate": old}}).timing.candidate.samples_ms == []  # older records
+
+
+def test_what_the_subject_reports_of_a_timed_call_s_host_is_kept_only_when_well_formed() -> None:
+    """The subject's process ran candidate code: its counts of a call (host interruptions, allocations from the
+    driver) are diagnostics, kept when they are plain counts, zero otherwise (a forgery misleads only its own notes)."""
+    from drkernel.sandbox.judge import _count, _counts
+
+    assert _counts([1, 0, 2]) == [1, 0, 2] and _count(3) == 3
+    for forged in ([1, 0], [1, 0, -1], [1.0, 0, 0], "x", None, [True, 0, 0][:2]):
+        assert _counts(forged) == [0, 0, 0]
+    for forged in (-1, 1.5, True, "2", 1 << 40, None):
+        assert _count(forged) == 0
 
 
 def test_cpu_call_timer_times_wall_clock() -> None:

@@ -72,7 +72,8 @@ def test_a_row_keeps_every_timed_call_and_its_host_time(gpu_bench) -> None:
     def side(calls: list[float], host: list[float]) -> TimingStats:
         return TimingStats(sorted(calls)[len(calls) // 2], 0.0, sum(calls) / len(calls), min(calls), len(calls),
                            "cuda_event", samples_ms=calls, host_ms=host,
-                           host_interruptions=[[int(h > 1), 0, 0] for h in host])
+                           host_interruptions=[[int(h > 1), 0, 0] for h in host],
+                           driver_allocations=[int(h > 4) for h in host])
 
     result = EvalResult(timing=Timing(reference=side([0.1, 0.1, 0.1], [0.01] * 3),
                                       candidate=side([0.05, 3.0, 4.0], [0.02, 5.0, 0.03]), measurements=2))
@@ -80,4 +81,5 @@ def test_a_row_keeps_every_timed_call_and_its_host_time(gpu_bench) -> None:
     assert row["calls_ms"] == {"reference": [0.1, 0.1, 0.1], "candidate": [0.05, 3.0, 4.0]}
     assert row["host_ms"] == {"reference": [0.01] * 3, "candidate": [0.02, 5.0, 0.03]}
     assert row["host_interruptions"] == {"reference": [[0, 0, 0]] * 3, "candidate": [[0, 0, 0], [1, 0, 0], [0, 0, 0]]}
+    assert row["driver_allocations"] == {"reference": [0] * 3, "candidate": [0, 1, 0]}
     assert row["measurements"] == 2 and gpu_bench.summary(EvalResult())["measurements"] == 0

@@ -598,7 +598,8 @@ def test_the_timing_table_counts_unsteady_gpu_timings(tmp_path: Path) -> None:
     steady = {"reference": stats(0.1, 0.1), "candidate": stats(0.05, 0.05)}
     # every call kept, with what the host went through: two slow calls, one of them blocked in the kernel
     steady["candidate"] = {**steady["candidate"], "samples_ms": [0.05, 0.05, 3.0, 0.06, 0.2],
-                           "host_interruptions": [[0, 0, 0], [0, 0, 1], [2, 0, 0], [1, 0, 0], [0, 0, 0]]}
+                           "host_interruptions": [[0, 0, 0], [0, 0, 1], [2, 0, 0], [1, 0, 0], [0, 0, 0]],
+                           "driver_allocations": [0, 0, 0, 0, 3]}  # the last slow call allocated
     rows = [row("steady", steady),
             row("slow", {"reference": stats(0.1, 0.1), "candidate": stats(3.3, 0.07)}),
             row("again", {**steady, "measurements": 2}),
@@ -613,7 +614,8 @@ def test_the_timing_table_counts_unsteady_gpu_timings(tmp_path: Path) -> None:
     report = write_report([run], tmp_path / "out", paper=False)
     assert table(report.out, "timing") == [{"run": "gpu_run", "timed on the GPU": "4", "measured again": "2",
                                             "candidate's median slow": "2", "reference's median slow": "1",
-                                            "candidate's calls": "10", "slow calls": "4", "slow, host blocked": "2"}]
+                                            "candidate's calls": "10", "slow calls": "4", "slow, host blocked": "2",
+                                            "slow, allocating": "2"}]
     assert '<h2 id="timing">How steady the GPU timings were</h2>' in report.html.read_text()  # the page shows it too
     write_report([DATA / "bench_examples"], tmp_path / "cpu_only", paper=False)  # no GPU timings: no table
     assert not (tmp_path / "cpu_only" / "tables" / "timing.csv").exists()

@@ -357,7 +357,7 @@ PHASES = ("duration", "start_latency", "reference", "load", "correctness", "gpu_
 class TimingQuality:
     """A run's GPU-timed evaluations (judged in it, not cached): how many the judge measured twice, how many had
     a side's median timed call slow (above twice its fastest: it waited for something else; lease 10), and the
-    candidates' timed calls, slow and blocked, summed over them."""
+    candidates' timed calls, slow, blocked and allocating, summed over them."""
 
     run: str
     timed: int
@@ -367,6 +367,7 @@ class TimingQuality:
     calls: int = 0  # the candidates' timed calls (of the measurement kept)
     slow_calls: int = 0  # the slow ones among them
     slow_calls_blocked: int = 0  # of those, the ones whose host blocked in the kernel while enqueueing them
+    slow_calls_allocating: int = 0  # of those, the ones during which the allocator took memory from the driver
 
 
 def timing_quality(run: str, turns: list[Turn]) -> TimingQuality:
@@ -375,7 +376,8 @@ def timing_quality(run: str, turns: list[Turn]) -> TimingQuality:
                          sum("candidate" in turn.slow_medians for turn in timed),
                          sum("reference" in turn.slow_medians for turn in timed),
                          sum(turn.calls for turn in timed), sum(turn.slow_calls for turn in timed),
-                         sum(turn.slow_calls_blocked for turn in timed))
+                         sum(turn.slow_calls_blocked for turn in timed),
+                         sum(turn.slow_calls_allocating for turn in timed))
 
 
 @dataclass

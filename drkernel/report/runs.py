@@ -56,10 +56,12 @@ class Turn:
     measurements: int = 0
     slow_medians: tuple[str, ...] = ()
     # the candidate's timed calls, the slow ones among them, and of those the ones whose host blocked in the kernel
-    # while it enqueued them (`timing.candidate.host_interruptions`; 0 where a record has none)
+    # while it enqueued them (`timing.candidate.host_interruptions`) and those during which the allocator took memory
+    # from the driver (`timing.candidate.driver_allocations`); 0 where a record has none
     calls: int = 0
     slow_calls: int = 0
     slow_calls_blocked: int = 0
+    slow_calls_allocating: int = 0
 
 
 @dataclass
@@ -254,8 +256,8 @@ def _turn(row: dict[str, Any], path: Path, line: int) -> Turn:
 
 
 def _gpu_timing(result: dict[str, Any]) -> dict[str, Any]:
-    """`measurements`, `slow_medians` and the candidate's slow calls (`calls`, `slow_calls`, `slow_calls_blocked`)
-    of a result judged in the run with CUDA event timings."""
+    """`measurements`, `slow_medians` and the candidate's slow calls (`calls`, `slow_calls`, `slow_calls_blocked`,
+    `slow_calls_allocating`) of a result judged in the run with CUDA event timings."""
     timing = result.get("timing") if isinstance(result.get("timing"), dict) else None
     if result.get("cached") or not timing:
         return {}
@@ -267,6 +269,8 @@ def _gpu_timing(result: dict[str, Any]) -> dict[str, Any]:
     samples = samples if isinstance(samples, list) and all(isinstance(v, (int, float)) for v in samples) else []
     counts = sides.get("candidate", {}).get("host_interruptions")
     counts = counts if isinstance(counts, list) else []
+    allocations = sides.get("candidate", {}).get("driver_allocations")
+    allocations = allocations if isinstance(allocations, list) else []
     slowed = slow_calls(samples)
     return {"measurements": measurements if isinstance(measurements, int) and measurements > 0 else 1,
             "slow_medians": tuple(side for side, stats in sides.items()
@@ -274,7 +278,9 @@ def _gpu_timing(result: dict[str, Any]) -> dict[str, Any]:
                                   and slow(stats["median_ms"], stats["min_ms"])),
             "calls": len(samples), "slow_calls": len(slowed),
             "slow_calls_blocked": sum(1 for i in slowed if i < len(counts) and isinstance(counts[i], list)
-                                      and counts[i] and isinstance(counts[i][0], int) and counts[i][0] > 0)}
+                                      and counts[i] and isinstance(counts[i][0], int) and counts[i][0] > 0),
+            "slow_calls_allocating": sum(1 for i in slowed if i < len(allocations)
+                                         and isinstance(allocations[i], int) and allocations[i] > 0)}
 
 
 def _seconds(row: dict[str, Any], result: dict[str, Any]) -> tuple[tuple[str, float], ...]:

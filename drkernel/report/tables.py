@@ -197,8 +197,8 @@ def phases_table(all_medians: list[PhaseMedians]) -> Table:
 def timing_table(qualities: list[TimingQuality]) -> Table:
     table = Table("timing", "How steady the GPU timings were (evaluations)",
                   ["run", "timed on the GPU", "measured again", "candidate's median slow", "reference's median slow",
-                   "candidate's calls", "slow calls", "slow, host blocked"],
-                  ["text", "int", "int", "int", "int", "int", "int", "int"],
+                   "candidate's calls", "slow calls", "slow, host blocked", "slow, allocating"],
+                  ["text", "int", "int", "int", "int", "int", "int", "int", "int"],
                   caption="Over the evaluations judged in the run (cached ones left out) with CUDA event timings. A "
                           "side's median slow: its median timed call took more than twice its fastest, so the "
                           "speedup stands on calls that waited for something else (the host or the GPU busy); the "
@@ -208,10 +208,12 @@ def timing_table(qualities: list[TimingQuality]) -> Table:
                           "timed calls in those evaluations, the slow ones (above twice their evaluation's fastest), "
                           "and those of them whose host blocked in the kernel while it enqueued them (a driver call "
                           "waiting: on a host of several GPUs, mostly for the driver's lock of the whole host; 0 in "
-                          "records from before 2026-11-26, which do not say).")
+                          "records from before 2026-11-26, which do not say), and those during which the caching "
+                          "allocator took memory from the driver (cudaMalloc, a call that takes that lock; 0 in "
+                          "records older than that count, which do not say).")
     for q in qualities:
         table.rows.append([q.run, q.timed, q.measured_again, q.slow_candidate, q.slow_reference, q.calls,
-                           q.slow_calls, q.slow_calls_blocked])
+                           q.slow_calls, q.slow_calls_blocked, q.slow_calls_allocating])
     return table
 
 

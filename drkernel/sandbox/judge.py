@@ -707,6 +707,9 @@ class Judge:
                 cand.host_ms.append(host_ms["candidate"][-1])
                 ref.interruptions.append(list(timer.interruptions))
                 cand.interruptions.append(_counts(reply.get("host_interruptions")))
+                if self.device.type == "cuda":
+                    ref.driver_allocations.append(timer.driver_allocations)
+                    cand.driver_allocations.append(_count(reply.get("driver_allocations")))
                 ref.event_ms.append(ref_ms)
                 cand.event_ms.append(_positive(reply.get("event_ms")))
                 # A null call right after (the same steps and hand-over around no call): what the wall clock sees
@@ -1037,6 +1040,11 @@ def _counts(value: Any) -> list[int]:
     if isinstance(value, list) and len(value) == 3 and all(type(v) is int and 0 <= v < 1 << 31 for v in value):
         return value
     return [0, 0, 0]
+
+
+def _count(value: Any) -> int:
+    """A count the subject reports of a call (`driver_allocations`; a diagnostic, as `_counts`)."""
+    return value if type(value) is int and 0 <= value < 1 << 31 else 0
 
 
 def _profile_from(data: Any) -> Profile:

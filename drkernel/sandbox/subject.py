@@ -267,7 +267,7 @@ class Subject:
                               "carve-out or an access-policy window): timed calls must meet a flushed cache.")
         handed = {} if null else self._handed_over(header, out)  # the judge's clock stopped at the signal above
         return {"event_ms": event_ms, "host_ms": host_ms, "host_interruptions": self.timer.interruptions,
-                "own": len(own), **handed}
+                "driver_allocations": self.timer.driver_allocations, "own": len(own), **handed}
 
     def profile(self, header: dict[str, Any], payloads: list[bytearray]) -> dict[str, Any]:
         """The GPU time of calls on fresh inputs (a warm-up, then one profiled call per input set), split into own

@@ -46,6 +46,7 @@ class Samples:
     wall_ms: list[float] = field(default_factory=list)  # CUDA: the judge's wall-clock view of each timed call
     host_ms: list[float] = field(default_factory=list)  # each call's host time, enqueueing its start event to its end
     interruptions: list[list[int]] = field(default_factory=list)  # each call's `thread_interruptions` in that time
+    driver_allocations: list[int] = field(default_factory=list)  # each call's `CallTimer.driver_allocations`
 
     @property
     def primary(self) -> list[float]:
@@ -99,6 +100,9 @@ class CallTimer:
         self.cover_ms = 0.0
         self.l2_tampered = False  # a persisting-L2 setting was found changed after a call
         self.interruptions = [0, 0, 0]  # `thread_interruptions` while the last timed call was enqueued
+        # Segments the caching allocator took from the driver (cudaMalloc) during the last timed call: a call that
+        # allocates waits for the driver's lock of the whole host, where slow timed calls were seen blocking.
+        self.driver_allocations = 0
         if self.cuda:
             self._flush = torch.empty(L2_FLUSH_BYTES, dtype=torch.uint8, device=device)
             self._event = torch.cuda.Event
@@ -137,6 +141,7 @@ class CallTimer:
             if on_idle is not None:
                 on_idle()
             return out, elapsed, elapsed
+        segments = self._segments()  # outside the events and the host's clock, as is the count after
         self._l2.clear()
         start, end = self._event(enable_timing=True), self._event(enable_timing=True)
         if self.cover_ms:
@@ -149,11 +154,15 @@ class CallTimer:
         end.record()
         host_ms = (_perf_counter() - host_start) * 1e3
         self.interruptions = interruptions_since(before)
+        self.driver_allocations = self._segments() - segments
         self._sync()
         if on_idle is not None:
             on_idle()
         self.l2_tampered |= self._l2.tampered()
         return out, start.elapsed_time(end), host_ms
+
+    def _segments(self) -> int:
+        return int(torch.cuda.memory_stats().get("segment.all.allocated", 0))
 
     def untimed(self, fn: Callable[..., Any], args: list[Any]) -> tuple[Any, float]:
         """A warm-up call and its host enqueue time (for `cover_for`)."""
@@ -235,6 +244,9 @@ def unsteady(side: str, samples: Samples, spins_ms: list[float]) -> str | None:
         blocked, preempted, faulted = (sum(1 for counts in seen if counts[k] > 0) for k in range(3))
         text += (f"; while enqueueing, the host blocked in the kernel in {blocked} of them, was preempted in "
                  f"{preempted} and faulted memory in in {faulted}")
+    if samples.driver_allocations:
+        allocating = sum(1 for i in slowed if i < len(samples.driver_allocations) and samples.driver_allocations[i])
+        text += f"; the allocator took memory from the driver in {allocating} of them"
     return text
 
 
@@ -253,6 +265,7 @@ def summarize(samples: Samples, method: str, spin_ms: float | None = None) -> Ti
         samples_ms=list(values),
         host_ms=list(samples.host_ms),
         host_interruptions=[list(counts) for counts in samples.interruptions],
+        driver_allocations=list(samples.driver_allocations),
     )
 
 
