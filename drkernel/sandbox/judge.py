@@ -1035,16 +1035,18 @@ def _positive(value: Any) -> float:
     raise Failure(Status.CRASHED, "BadReply", f"the candidate's process reported a timing of {value!r}")
 
 
+def _is_count(value: Any) -> bool:
+    return type(value) is int and 0 <= value < 1 << 31
+
+
 def _counts(value: Any) -> list[int]:
     """The subject's `thread_interruptions` of a call (a diagnostic: one it forges misleads only its own notes)."""
-    if isinstance(value, list) and len(value) == 3 and all(type(v) is int and 0 <= v < 1 << 31 for v in value):
-        return value
-    return [0, 0, 0]
+    return value if isinstance(value, list) and len(value) == 3 and all(map(_is_count, value)) else [0, 0, 0]
 
 
 def _count(value: Any) -> int:
     """A count the subject reports of a call (`driver_allocations`; a diagnostic, as `_counts`)."""
-    return value if type(value) is int and 0 <= value < 1 << 31 else 0
+    return value if _is_count(value) else 0
 
 
 def _profile_from(data: Any) -> Profile:
