@@ -404,6 +404,28 @@ def test_timed_outputs_are_copied_into_staging_only_when_the_structure_matches()
     assert [t.shape for t in _tensors((torch.zeros(1), [torch.zeros(2), (torch.zeros(3), 4)]))] == [(1,), (2,), (3,)]
 
 
+def test_a_timed_call_s_outputs_die_with_their_last_reference_once_copied_into_staging() -> None:
+    """The hand-over keeps no reference to a timed call's outputs: with Python's collector off (as between two timed
+    calls it may not have run), they are freed as soon as the caller lets them go. A reference cycle in the copy kept
+    up to three calls' outputs alive on an H100, and the next calls took their memory from the driver while timed."""
+    import gc
+    import weakref
+
+    from drkernel.sandbox.subject import _cloned, _copy_into
+
+    staging = _cloned((torch.zeros(4), [torch.zeros(2, 2)]))
+    gc.disable()
+    try:
+        for matching in (True, False):
+            out = (torch.ones(4), [torch.ones(2, 2) if matching else torch.ones(3)])
+            gone = [weakref.ref(out[0]), weakref.ref(out[1][0])]
+            assert _copy_into(staging, out) is matching
+            del out
+            assert [ref() for ref in gone] == [None, None]
+    finally:
+        gc.enable()
+
+
 def test_status_is_the_enum_and_a_result_s_json_is_unchanged() -> None:
     """EvalResult.status is a Status (it was a bare string); the JSON of a result is the same text as before."""
     before = ('{"status": "hacked", "correct": false, "hack_reasons": ["lazy_kernel"], "hack_details": {"lazy_kernel": '

@@ -474,22 +474,25 @@ def _copy_into(target: Any, value: Any) -> bool:
     """Copy `value` into `target` (as `_cloned` made it) where both have one structure: the same nesting, tensors of
     one shape, dtype and device, equal plain values; False, with nothing copied, where they differ."""
     pairs: list[tuple[torch.Tensor, torch.Tensor]] = []
-
-    def match(a: Any, b: Any) -> bool:
-        if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
-            same = (type(a) is torch.Tensor and type(b) is torch.Tensor and a.shape == b.shape
-                    and a.dtype == b.dtype and a.device == b.device)
-            pairs.append((a, b))
-            return same
-        if isinstance(a, (list, tuple)) or isinstance(b, (list, tuple)):
-            return type(a) is type(b) and len(a) == len(b) and all(match(x, y) for x, y in zip(a, b))
-        return a is b or (type(a) is type(b) and isinstance(a, (bool, int, float, str)) and a == b)
-
-    if not match(target, value):
+    if not _paired(target, value, pairs):
         return False
     for a, b in pairs:
         a.copy_(b)
     return True
+
+
+def _paired(a: Any, b: Any, pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> bool:
+    """Whether `a` and `b` have one structure, their tensors appended to `pairs`. A function of the module, not one
+    nested in `_copy_into`: a nested function that calls itself is a reference cycle, which kept every timed call's
+    outputs alive until Python's next collection, so the next timed calls took new memory from the driver inside
+    their timings (docs/benchmarks.md, "The slow timed calls")."""
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        pairs.append((a, b))
+        return (type(a) is torch.Tensor and type(b) is torch.Tensor and a.shape == b.shape and a.dtype == b.dtype
+                and a.device == b.device)
+    if isinstance(a, (list, tuple)) or isinstance(b, (list, tuple)):
+        return type(a) is type(b) and len(a) == len(b) and all(_paired(x, y, pairs) for x, y in zip(a, b))
+    return a is b or (type(a) is type(b) and isinstance(a, (bool, int, float, str)) and a == b)
 
 
 def serve(conn: Channel, scratch: Path, device: torch.device, gate_hooks: bool) -> None:
