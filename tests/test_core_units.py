@@ -533,6 +533,19 @@ def test_a_failed_mapping_of_the_judge_s_values_is_the_harness_s_failure(tmp_pat
     assert "mapping of buffer object failed" in failure["message"]
 
 
+def test_a_mapping_failure_that_surfaces_after_the_mapping_is_the_harness_s_failure(tmp_path) -> None:
+    """cudaErrorMapBufferObjectFailed reached a legitimate candidate's correctness call as runtime_error on an H100
+    (with no frame of its own on the stack), after the mapping itself had succeeded: wherever it surfaces it is
+    `crashed`/`SandboxError`; another CUDA error stays the candidate's."""
+    from drkernel.sandbox.subject import Subject
+
+    subject = Subject(None, tmp_path, torch.device("cpu"), gate_hooks=False)
+    failure = subject._classify(torch.AcceleratorError("CUDA error: mapping of buffer object failed")).failure
+    assert (failure["status"], failure["kind"]) == (Status.CRASHED.value, "SandboxError")
+    failure = subject._classify(torch.AcceleratorError("CUDA error: an illegal memory access was encountered")).failure
+    assert (failure["status"], failure["kind"]) == (Status.RUNTIME_ERROR.value, "AcceleratorError")
+
+
 def test_a_subject_that_aborts_is_one_crash_by_signal_with_the_cause_its_stderr_gave(tmp_path, monkeypatch) -> None:
     """A CUDA error raised in a destructor aborts the subject (seen on the H100: a kernel storing a row's values into
     a one-value-per-row output). The judge asks the dead subject again while a gated phase cleans up; that must

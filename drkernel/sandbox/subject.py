@@ -35,6 +35,10 @@ MODES: dict[str, tuple[bool, Callable[[], Any]]] = {
     "eval+grad": (False, torch.enable_grad),
 }
 TRACEBACK_CHARS = 4000
+# cudaErrorMapBufferObjectFailed as PyTorch words it: mapping another process's memory failed, a resource of the
+# driver's, never a bug of a kernel; where it surfaces after the mapping (the first copy that reads it), it is the
+# harness's failure all the same.
+MAPPING_FAILED = "mapping of buffer object failed"
 
 
 # A timed call's outputs up to this size are copied into buffers the judge maps once per timing phase
@@ -441,6 +445,9 @@ class Subject:
 
     def _classify(self, exc: BaseException) -> Refusal:
         tb = trimmed_traceback(exc, self.scratch)
+        if isinstance(exc, torch.AcceleratorError) and MAPPING_FAILED in str(exc):
+            # seen on an H100 in a correctness call of a legitimate candidate, with none of its frames on the stack
+            return Refusal(Status.CRASHED, "SandboxError", f"mapping the judge's memory failed: {_message(exc)}", tb)
         if isinstance(exc, (SystemExit, KeyboardInterrupt, GeneratorExit)):
             self.findings.add(guards.EXIT_CALLED, f"the candidate raised {type(exc).__name__}: exiting is a failure.")
             return Refusal(Status.RUNTIME_ERROR, type(exc).__name__, f"the candidate tried to exit ({exc!r})", tb)
