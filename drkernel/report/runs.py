@@ -13,7 +13,7 @@ import dataclasses
 import json
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -267,20 +267,29 @@ def _gpu_timing(result: dict[str, Any]) -> dict[str, Any]:
     measurements = timing.get("measurements", 1)
     samples = sides.get("candidate", {}).get("samples_ms")
     samples = samples if isinstance(samples, list) and all(isinstance(v, (int, float)) for v in samples) else []
-    counts = sides.get("candidate", {}).get("host_interruptions")
-    counts = counts if isinstance(counts, list) else []
-    allocations = sides.get("candidate", {}).get("driver_allocations")
-    allocations = allocations if isinstance(allocations, list) else []
+    candidate = sides.get("candidate", {})
     slowed = slow_calls(samples)
     return {"measurements": measurements if isinstance(measurements, int) and measurements > 0 else 1,
             "slow_medians": tuple(side for side, stats in sides.items()
                                   if all(isinstance(stats.get(k), (int, float)) for k in ("median_ms", "min_ms"))
                                   and slow(stats["median_ms"], stats["min_ms"])),
             "calls": len(samples), "slow_calls": len(slowed),
-            "slow_calls_blocked": sum(1 for i in slowed if i < len(counts) and isinstance(counts[i], list)
-                                      and counts[i] and isinstance(counts[i][0], int) and counts[i][0] > 0),
-            "slow_calls_allocating": sum(1 for i in slowed if i < len(allocations)
-                                         and isinstance(allocations[i], int) and allocations[i] > 0)}
+            # blocked: a voluntary context switch, the first of the call's [voluntary, involuntary, faults]
+            "slow_calls_blocked": _slow_and(slowed, candidate.get("host_interruptions"),
+                                            lambda counts: isinstance(counts, list) and bool(counts)
+                                            and _positive_count(counts[0])),
+            "slow_calls_allocating": _slow_and(slowed, candidate.get("driver_allocations"), _positive_count)}
+
+
+def _slow_and(slowed: list[int], per_call: Any, counted: Callable[[Any], bool]) -> int:
+    """How many of the slow calls (their indices) a per-call record counts; a record that is not a list counts
+    none (records are read as written, by older versions too)."""
+    values = per_call if isinstance(per_call, list) else []
+    return sum(1 for i in slowed if i < len(values) and counted(values[i]))
+
+
+def _positive_count(value: Any) -> bool:
+    return isinstance(value, int) and value > 0
 
 
 def _seconds(row: dict[str, Any], result: dict[str, Any]) -> tuple[tuple[str, float], ...]:
