@@ -515,6 +515,45 @@ def test_timed_inputs_are_written_into_the_subject_s_buffers_and_null_calls_hand
         assert (failed.value.status, failed.value.kind) == (Status.CRASHED, "BadReply")
 
 
+def test_the_output_buffers_are_made_at_the_warm_up_so_no_timed_call_allocates_them(tmp_path, monkeypatch) -> None:
+    """Made after the first timed call, the staging took the block the second call's outputs would have reused: that
+    call took a segment from the driver while timed (an H100, 15 of 1,030 calls). The warm-up makes and shares them;
+    every timed call copies into them, and none makes them."""
+    from types import SimpleNamespace
+
+    from drkernel.sandbox import subject as subject_module
+    from drkernel.sandbox.judge import TimedCalls
+    from drkernel.sandbox.subject import Subject
+
+    monkeypatch.setattr(subject_module, "_stageable", lambda out: True)  # as the GPU's outputs are
+    made: list[object] = []
+    cloned = subject_module._cloned
+    monkeypatch.setattr(subject_module, "_cloned", lambda value: made.append(value) or cloned(value))
+    subject = Subject(None, tmp_path, torch.device("cpu"), gate_hooks=False)
+    subject.model = lambda x: (x * 2, [x + 1])
+    subject.buffers = [torch.ones(3)]
+    warm = subject.warm({"staged": True}, [])
+    assert warm["staging"] is True and "outputs" in warm and made
+    staging, made_at_warm_up = subject.out_staging, len(made)
+    subject.warm({"staged": True}, [])  # a second warm-up copies into the same buffers
+    subject.buffers[0].fill_(5.0)
+    subject.timer = SimpleNamespace(cover_ms=0.0, l2_tampered=False, interruptions=[], driver_allocations=0,
+                                    stream=None, timed=lambda fn, args, on_idle: (fn(*args), 1.0, 1.0))
+    subject.conn = SimpleNamespace(send=lambda message: None)
+    timed = subject.time({"staged": True, "spin_ms": 0.0}, [])
+    assert timed["outputs_staged"] is True and "outputs" not in timed and len(made) == made_at_warm_up
+    assert subject.out_staging is staging and torch.equal(staging[0], torch.full((3,), 10.0))
+    assert torch.equal(staging[1][0], torch.full((3,), 6.0))
+    # the judge keeps the buffers the warm-up shared, and the first timed call reads them
+    link = _FakeSubjectLink([torch.zeros(3)])
+    link.ask = lambda op, values=None, **fields: (({"inputs": link.shared} if op == "stage" else
+                                                   {"staging": True, "outputs": "mapped"} if op == "warm" else {}), [])
+    link.ask_timed = lambda values, **fields: ({"outputs_staged": True}, [], 2.0)
+    with TimedCalls(link, [torch.zeros(3)], lambda name: contextlib.nullcontext(), lambda: False) as calls:  # type: ignore[arg-type]
+        calls.warm()
+        assert calls.timed(0.1)[2] == "mapped" and link.decoded == ["inputs", "outputs"]
+
+
 def test_a_failed_mapping_of_the_judge_s_values_is_the_harness_s_failure(tmp_path, monkeypatch) -> None:
     """cudaErrorMapBufferObjectFailed in the candidate's process, mapping the judge's inputs before any candidate code
     runs, reached a legitimate candidate as runtime_error on an H100: it is `crashed`/`SandboxError` (run again)."""

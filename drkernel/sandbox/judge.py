@@ -339,8 +339,12 @@ class TimedCalls:
                 buffer.copy_(value)
 
     def warm(self) -> dict[str, Any]:
+        """An untimed call; staged, the subject makes its output buffers from its outputs and shares them here."""
         values, fields = self._request()
-        return self.link.ask("warm", values, **fields)[0]
+        reply, payloads = self.link.ask("warm", values, **fields)
+        if reply.get("staging") is True:
+            self.outputs = self.link.values(reply, payloads, "outputs")
+        return reply
 
     def timed(self, spin_ms: float, null: bool = False) -> tuple[dict[str, Any], float, Any]:
         """(the subject's reply, the judge's wall-clock milliseconds for the call, its outputs: None for a null call)

@@ -224,10 +224,7 @@ class Subject:
     def _handed_over(self, header: dict[str, Any], out: Any) -> dict[str, Any]:
         """A timed call's outputs for the judge: copied into the output buffers it has mapped (shared anew, once, when
         their structure changes), or sent with the reply."""
-        tensors = list(_tensors(out))
-        stageable = all(t.is_cuda for t in tensors) and sum(t.numel() * t.element_size() for t in tensors) \
-            <= STAGED_BYTES  # (a CPU tensor crosses as bytes: the judge holds a copy, not a mapping)
-        if not (header.get("staged") and stageable):
+        if not (header.get("staged") and _stageable(out)):
             return {"outputs": self.sent.encode(out)}
         if self.out_staging is not None and _copy_into(self.out_staging, out):
             return {"outputs_staged": True}
@@ -242,12 +239,16 @@ class Subject:
         self._set_training(False)
         with timing.collector_paused(), torch.no_grad(), self._candidate_running():
             start = time.perf_counter()
-            self.model(*args)
+            out = self.model(*args)
             host_ms = (time.perf_counter() - start) * 1e3
         self._sync()
         if self.timer is None:
             self.timer = timing.CallTimer(self.device)
-        return {"host_ms": host_ms}
+        # The output buffers are made here, from the warm-up's outputs, so that no timed call meets the allocator
+        # short of the block they take: made after the first timed call, they left the second to take a segment
+        # from the driver while timed (15 of the RL-shaped batch's 1,030 timed calls on an H100).
+        staged = self._handed_over(header, out) if header.get("staged") and _stageable(out) else {}
+        return {"host_ms": host_ms, **staged}
 
     def time(self, header: dict[str, Any], payloads: list[bytearray]) -> dict[str, Any]:
         """One timed call on fresh values in the same input tensors (or, with `null`, the same steps around no call
@@ -475,6 +476,13 @@ def _tensors(value: Any) -> Iterator[torch.Tensor]:
     elif isinstance(value, (list, tuple)):
         for item in value:
             yield from _tensors(item)
+
+
+def _stageable(out: Any) -> bool:
+    """Outputs that go to the judge through the output buffers it maps: all on the GPU (a CPU tensor crosses as
+    bytes: the judge holds a copy, not a mapping), and not over STAGED_BYTES."""
+    tensors = list(_tensors(out))
+    return all(t.is_cuda for t in tensors) and sum(t.numel() * t.element_size() for t in tensors) <= STAGED_BYTES
 
 
 def _copy_into(target: Any, value: Any) -> bool:
