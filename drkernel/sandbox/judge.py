@@ -768,7 +768,9 @@ class Judge:
             self.findings.add(
                 guards.OUTPUT_CACHING,
                 f"{call} returned a wrong answer for new input values ({compared.message}): outputs must be "
-                "computed on every call, never cached or remembered.",
+                "computed on every call, never cached or remembered. Right in the correctness trials and wrong here "
+                "is also what loads or stores outside a tensor do: they read memory that held the right values "
+                "only by chance; check each pointer's offsets against the shape of the tensor it points into.",
             )
 
     def _too_fast(self, median_ms: float, args: list[Any], reference: Reference) -> str | None:
