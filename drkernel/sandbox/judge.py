@@ -297,8 +297,9 @@ class TimedCalls:
     On a GPU the inputs and outputs cross through buffers of the subject's, shared once for the phase (mapping another
     process's CUDA memory costs about a millisecond per tensor and direction, more beside other evaluations'
     mappings). The judge writes every call's fresh values into the subject's input buffers (one copy a call, no
-    staging copy on either side) and never reads them back; the subject copies the outputs into its output buffers
-    (outputs over `subject.STAGED_BYTES`, or not all on the GPU, are sent call by call). Both sides synchronise their
+    staging copy on either side) and never reads them back; the subject copies the outputs into its output buffers,
+    made from the warm-up's outputs and shared with its reply (outputs over `subject.STAGED_BYTES`, or not all on the
+    GPU, are sent call by call). Both sides synchronise their
     device before the other reads: nothing rests on CUDA's inter-process events. On the CPU every call's tensors
     travel as bytes."""
 
