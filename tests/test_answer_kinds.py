@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from drkernel.rl.kinds import PARTIAL_COVERAGE, AnswerKind, answer_kind
+from drkernel.rl.kinds import PARTIAL_COVERAGE, AnswerKind, answer_kind, failure_reasons
 
 
 def _result(status="correct", coverage=None, launches=None, kernels=(), hack_reasons=(), meaningful=True):
@@ -33,6 +33,17 @@ def _result(status="correct", coverage=None, launches=None, kernels=(), hack_rea
 def test_answer_kind(result, kind) -> None:
     assert answer_kind(result) is kind
     assert str(kind) == kind.value
+
+
+def test_failure_reasons_name_the_hacks_else_the_error_s_kind() -> None:
+    """What a run's samples log keeps of a failed turn: a crash of the harness is told from the candidate's own."""
+    assert failure_reasons(None) == [] and failure_reasons(_result("correct", 0.9)) == []
+    hacked = _result("hacked", 0.9, hack_reasons=["output_caching", "decoy_kernel"])
+    assert failure_reasons(hacked) == ["output_caching", "decoy_kernel"]
+    crashed = {"status": "crashed", "correct": False, "hack_reasons": [],
+               "error": {"kind": "SandboxError", "message": "mapping of buffer object failed", "traceback": ""}}
+    assert failure_reasons(crashed) == ["SandboxError"]
+    assert failure_reasons({**crashed, "error": None}) == []  # nothing said: nothing invented
 
 
 def test_report_counts_answer_kinds_per_turn(tmp_path) -> None:

@@ -387,6 +387,8 @@ def test_two_steps_then_resume(tmp_path, monkeypatch, tiny_policy):
     candidates = {p.read_text().strip() for p in CANDIDATES.glob("*.py")}
     assert all(r["code"] is None or r["code"].strip() in candidates for r in rows)
     assert any(r["code"] for r in rows) and all((r["code"] is None) == (r["status"] == "format_error") for r in rows)
+    # and why each failed: the error's kind (a mismatch here), none where it passed or held no code
+    assert all(r["reasons"] == ([] if r["status"] in ("correct", "format_error") else ["Mismatch"]) for r in rows)
     for step in (1, 2):
         mine = [r for r in rows if r["step"] == step]
         returns = [r["return"] for r in mine]

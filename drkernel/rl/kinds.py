@@ -46,6 +46,17 @@ def answer_kind(result: Mapping[str, Any] | None) -> AnswerKind:
     return AnswerKind.FUSED if kernels == 1 else AnswerKind.UNFUSED if kernels > 1 else AnswerKind.UNMEASURED
 
 
+def failure_reasons(result: Mapping[str, Any] | None) -> list[str]:
+    """Why a judged turn failed, from its result's dict: its hack reasons, else its error's kind (`Mismatch`,
+    `SandboxError`, a signal...); none for a correct turn or an answer without code. What a run's samples log keeps,
+    so that its crashes and hacks can be told apart afterwards."""
+    if not result:
+        return []
+    error = result.get("error")
+    kind = error.get("kind") if isinstance(error, Mapping) else None
+    return [str(r) for r in result.get("hack_reasons") or ()] or ([str(kind)] if kind else [])
+
+
 def _own_kernels(profile: Any) -> set[str]:
     if not isinstance(profile, Mapping):
         return set()

@@ -22,7 +22,7 @@ import torch
 from drkernel.agent.config import BenchConfig
 from drkernel.agent.local_models import static_cache_settings
 from drkernel.agent.prompts import PromptTemplates, first_turn_prompt
-from drkernel.rl.kinds import AnswerKind, answer_kind
+from drkernel.rl.kinds import AnswerKind, answer_kind, failure_reasons
 from drkernel.rl.metrics import fast_p_per_turn
 from drkernel.schema import Status
 from drkernel.tasks.loaders import require
@@ -224,7 +224,7 @@ class DrKernelTrainer(trl.GRPOTrainer):
                 rows.append({
                     "trajectory": base + i, "turn": record.turn, "reward": record.reward, "correct": record.correct,
                     "coverage": turn_coverage(record), "speedup": record.speedup, "status": record.status,
-                    "kind": answer_kind(record.result).value,
+                    "kind": answer_kind(record.result).value, "reasons": failure_reasons(record.result),
                     "mrs": None if mrs_local is None else mrs_local[n], "task": record.task, "code": record.code,
                 })
                 n += 1
@@ -264,7 +264,7 @@ class DrKernelTrainer(trl.GRPOTrainer):
                         "step": step, "prompt_id": s.prompt_id, "sample": s.sample, "turn": s.turn, "task": r["task"],
                         "reward": s.reward, "return": s.ret, "advantage": s.advantage, "correct": r["correct"],
                         "coverage": r["coverage"], "kept": s.kept, "why_not": s.why_not, "status": r["status"],
-                        "speedup": r["speedup"], "kind": r["kind"], "code": r["code"],
+                        "speedup": r["speedup"], "kind": r["kind"], "reasons": r["reasons"], "code": r["code"],
                     }) + "\n")
 
     def validate(self, step: int) -> dict[str, Any]:
