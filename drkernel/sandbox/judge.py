@@ -299,9 +299,8 @@ class TimedCalls:
     mappings). The judge writes every call's fresh values into the subject's input buffers (one copy a call, no
     staging copy on either side) and never reads them back; the subject copies the outputs into its output buffers,
     made from the warm-up's outputs and shared with its reply (outputs over `subject.STAGED_BYTES`, or not all on the
-    GPU, are sent call by call). Both sides synchronise their
-    device before the other reads: nothing rests on CUDA's inter-process events. On the CPU every call's tensors
-    travel as bytes."""
+    GPU, are sent call by call). Both sides synchronise their device before the other reads: nothing rests on CUDA's
+    inter-process events. On the CPU every call's tensors travel as bytes."""
 
     def __init__(self, link: SubjectLink, template: list[Any],
                  part: Callable[[str], contextlib.AbstractContextManager[None]], give_back: Callable[[], bool]) -> None:
@@ -769,9 +768,10 @@ class Judge:
             self.findings.add(
                 guards.OUTPUT_CACHING,
                 f"{call} returned a wrong answer for new input values ({compared.message}): outputs must be "
-                "computed on every call, never cached or remembered. Right in the correctness trials and wrong here "
-                "is also what loads or stores outside a tensor do: they read memory that held the right values "
-                "only by chance; check each pointer's offsets against the shape of the tensor it points into.",
+                "computed on every call, never cached or remembered. An answer right in the correctness trials and "
+                "wrong here can also come from loads or stores outside a tensor, which read memory that held the "
+                "right values only by chance: check each pointer's offsets against the shape of the tensor it points "
+                "into.",
             )
 
     def _too_fast(self, median_ms: float, args: list[Any], reference: Reference) -> str | None:
