@@ -222,10 +222,14 @@ class Subject:
         return self.buffers
 
     def _handed_over(self, header: dict[str, Any], out: Any) -> dict[str, Any]:
-        """A timed call's outputs for the judge: copied into the output buffers it has mapped (shared anew, once, when
-        their structure changes), or sent with the reply."""
+        """A timed call's outputs for the judge: staged (below), or sent with the reply."""
+        return self._staged(header, out) or {"outputs": self.sent.encode(out)}
+
+    def _staged(self, header: dict[str, Any], out: Any) -> dict[str, Any] | None:
+        """Outputs copied into the output buffers the judge has mapped (made and shared anew, once, when their
+        structure changes); None where a call's outputs do not go that way (an unstaged call, `_stageable`)."""
         if not (header.get("staged") and _stageable(out)):
-            return {"outputs": self.sent.encode(out)}
+            return None
         if self.out_staging is not None and _copy_into(self.out_staging, out):
             return {"outputs_staged": True}
         with self._harness_memory():
@@ -247,8 +251,7 @@ class Subject:
         # The output buffers are made here, from the warm-up's outputs, so that no timed call meets the allocator
         # short of the block they take: made after the first timed call, they left the second to take a segment
         # from the driver while timed (15 of the RL-shaped batch's 1,040 timed calls on an H100).
-        staged = self._handed_over(header, out) if header.get("staged") and _stageable(out) else {}
-        return {"host_ms": host_ms, **staged}
+        return {"host_ms": host_ms, **(self._staged(header, out) or {})}
 
     def time(self, header: dict[str, Any], payloads: list[bytearray]) -> dict[str, Any]:
         """One timed call on fresh values in the same input tensors (or, with `null`, the same steps around no call
