@@ -123,3 +123,31 @@ def test_a_batch_slice_stands_for_the_whole_only_where_rows_are_separate() -> No
         findings = Findings()
         precision = exact.judge(ref_out, cand, EvalOptions(), findings)
         assert precision is not None and ("precision_downcast" in findings.details) is downcast, precision
+
+
+def test_a_large_evaluation_measures_precision_within_a_smaller_share_of_the_gpu(tmp_path, monkeypatch) -> None:
+    """A large evaluation's inputs and reference outputs already hold several GiB: its float64 trial gets a sixteenth
+    of the GPU (a slice of the batch beyond it), where an ordinary one keeps a quarter."""
+    from types import SimpleNamespace
+
+    from drkernel.sandbox.guards import Findings
+    from drkernel.sandbox.judge import LARGE_PRECISION_SHARE, SHARE_OF_MEMORY, Judge, Reference, precision_budget
+
+    h100 = int(79.2 * 2**30)  # an H100's total_memory, about
+    assert precision_budget(h100, large=False) == SHARE_OF_MEMORY * h100 == 0.25 * h100  # unchanged
+    assert precision_budget(h100, large=True) == LARGE_PRECISION_SHARE * h100 == h100 / 16
+    assert 4.9 < precision_budget(h100, large=True) / 2**30 < 5.0
+
+    model = torch.nn.Softmax(dim=-1)
+    x = torch.randn(64, 32)
+    needed = 2 * 8 * (x.numel() + x.numel())  # float64 copies of the input and the output, and headroom
+    gpu = SimpleNamespace(total_memory=4 * needed)  # a quarter of it fits the whole, a sixteenth does not
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device=None: gpu)
+    for large, rows in ((False, None), (True, 16)):
+        judge = Judge(None, tmp_path, torch.device("cuda"), None, SimpleNamespace(findings=Findings()))
+        judge.large = large
+        reference = Reference(model, model, lambda: [x], [], torch.device("cpu"))
+        exact = judge._precision(reference, [x], model(x), False, torch.no_grad)
+        assert exact is not None and (None if exact.rows is None else exact.rows.stop - exact.rows.start) == rows
+        assert bool(judge.notes) is large
+        assert all(note.startswith("precision: measured on rows") for note in judge.notes)

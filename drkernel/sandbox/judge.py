@@ -48,6 +48,10 @@ TIMED_SAMPLE_ELEMENTS = 4096  # elements per output compared after every other t
 # much before the timing is not believed: a factor for work outside the events, a margin for the host's noise.
 WALL_FACTOR, WALL_MARGIN_MS = 1.5, 1.0
 SHARE_OF_MEMORY = 0.25  # of the GPU's memory, at most, for one evaluation's trials beside others' (3 at once)
+# Of the GPU's memory, at most, for a large evaluation's float64 precision trial: its inputs and the reference's
+# outputs already hold several GiB, and a slice of the batch's rows measures the same rule (at SHARE_OF_MEMORY the
+# judge of a 6 GiB problem held 32-34 GiB in its correctness phase on an H100, docs/benchmarks.md).
+LARGE_PRECISION_SHARE = 1 / 16
 DEGENERACY_SAMPLE = 1 << 20  # elements of the reference's output kept to judge whether the task is degenerate
 STDERR_TAIL = 3000
 STDERR_CAUSE = re.compile(  # lines worth keeping: C++ and CUDA errors, Python's, the C library's heap checks
@@ -569,7 +573,7 @@ class Judge:
         would need more than this evaluation's share of the GPU and the reference treats rows separately."""
         needed = 2 * sum(t.numel() * 8 for t in [*inputs, *correctness.flatten_outputs(ref_out)]
                          if isinstance(t, torch.Tensor) and t.is_floating_point())  # float64 copies, and headroom
-        budget = SHARE_OF_MEMORY * torch.cuda.get_device_properties(self.device).total_memory \
+        budget = precision_budget(torch.cuda.get_device_properties(self.device).total_memory, self.large) \
             if self.device.type == "cuda" else math.inf
         rows = None
         if needed > budget:
@@ -909,6 +913,12 @@ def gives_back(large: bool, judge_bytes: int, subject_bytes: int) -> bool:
     lock for the whole host (`rmapiLockAcquire`), where the threads of several GPUs' evaluations were found waiting
     (docs/benchmarks.md, "Where the host waits")."""
     return large or max(judge_bytes, subject_bytes) > KEEP_CACHED_BYTES
+
+
+def precision_budget(total_memory: int, large: bool) -> float:
+    """The bytes a precision trial's float64 evaluation may take on a GPU of `total_memory` bytes: SHARE_OF_MEMORY of
+    it, LARGE_PRECISION_SHARE for a large evaluation (beyond it, a slice of the batch)."""
+    return (LARGE_PRECISION_SHARE if large else SHARE_OF_MEMORY) * total_memory
 
 
 def evaluate(request: EvalRequest, workdir: Path, device: torch.device, gate: DeviceGate | None,
