@@ -745,3 +745,52 @@ def test_only_a_large_evaluation_or_much_memory_is_given_back_between_phases() -
     assert not gives_back(False, KEEP_CACHED_BYTES, KEEP_CACHED_BYTES)
     assert gives_back(False, KEEP_CACHED_BYTES + 1, 0) and gives_back(False, 0, KEEP_CACHED_BYTES + 1)
     assert gives_back(True, 0, 0)
+
+
+def test_the_judge_lets_a_trial_s_inputs_go_before_the_subject_s_call(tmp_path, monkeypatch) -> None:
+    """Everything the judge needs of a trial's inputs (the reference's outputs, the float64 ones) is computed before
+    the subject sees them; then only the subject's copy lives through its call and the comparison (a large
+    evaluation's inputs are 6 GiB). In every mode: in a grad mode the autograd graphs of the reference's outputs and
+    of the float64 ones saved them for the weight's gradient."""
+    import gc
+    import weakref
+
+    from drkernel.sandbox import channel
+    from drkernel.sandbox.guards import Findings
+    from drkernel.sandbox.judge import CorrectnessReport, Judge, Reference, SubjectLink
+    from drkernel.sandbox.subject import MODES
+    from drkernel.schema import Correctness, EvalRequest
+
+    # float64 inputs: the float64 evaluation (`Reference.exact`) is called on them, not on upcast copies
+    task = ("import torch\n\nModel = lambda: torch.nn.Linear(16, 8, dtype=torch.float64)\n\n"
+            "def get_inputs():\n    return [torch.randn(4, 16, dtype=torch.float64)]\n\n"
+            "def get_init_inputs():\n    return []\n")
+    drawn: list[weakref.ref] = []
+    inputs = Reference.inputs
+    monkeypatch.setattr(Reference, "inputs", lambda self, seed: [
+        drawn.append(weakref.ref(v)) or v for v in inputs(self, seed)])
+    alive_in_calls: list[bool] = []
+
+    class Subject:
+        """Answers every call with the reference's outputs, noting whether the judge still holds its inputs."""
+
+        def send(self, header, payloads):
+            self.header, self.payloads = header, [bytearray(p) for p in payloads]
+
+        def receive(self):
+            gc.collect()
+            alive_in_calls.append(drawn[-1]() is not None)
+            x = channel.decode(self.header["inputs"], self.payloads, torch.device("cpu"))[0]
+            encoder = channel.Encoder()
+            with torch.no_grad():
+                reply = {"outputs": encoder.encode(reference.model(x)), "own": {"kernel": 1}}
+            return reply, [bytearray(p) for p in encoder.payloads]
+
+    link = SubjectLink(Subject(), 0, tmp_path, torch.device("cpu"), Findings(), None)  # type: ignore[arg-type]
+    judge = Judge(EvalRequest(task, ""), tmp_path, torch.device("cpu"), None, link)
+    reference = judge.load_reference()
+    report = CorrectnessReport(Correctness(trials=len(MODES)))
+    for trial in range(len(MODES)):  # a trial in each mode, each with the precision's float64 evaluation
+        judge._correctness_trial(reference, trial, True, report, [])
+    assert report.correctness.passed_trials == len(MODES) and report.correctness.precision is not None
+    assert alive_in_calls == [False] * len(MODES)

@@ -124,12 +124,16 @@ class SubjectLink:
         self.reaped: int | None = None  # its wait status, once the judge has reaped it
 
     def ask(self, op: str, values: dict[str, Any] | None = None, **fields: Any) -> tuple[dict[str, Any], list]:
+        """The subject's reply to a request. `values` is emptied once encoded: where the caller keeps nothing else
+        of them, only the subject's copy lives through its work (the encoder's shared copies on a GPU, bytes on the
+        CPU)."""
         self._collect()
         start = time.perf_counter()
         encoder = self._encoder()
         header = {"op": op, **fields, **{k: encoder.encode(v) for k, v in (values or {}).items()}}
         if values:
             _sync_for(self.device)()  # the values (and their shared copies) are written before the subject reads them
+            values.clear()
         try:
             self.conn.send(header, encoder.payloads)
             reply, payloads = self._reply()
@@ -538,11 +542,14 @@ class Judge:
         inputs = reference.inputs(self.secret_seed())
         reference.model.train(training)
         with grad_mode():
-            ref_out = reference.call(*inputs)
-        # Everything the judge needs of these inputs is computed before the subject sees them (on a GPU it maps them).
+            ref_out = _detached(reference.call(*inputs))
+        # Everything the judge needs of these inputs is computed before the subject sees them (on a GPU it maps them);
+        # then they go, and only the subject's copy lives through its call and the comparison (`ask` empties `shared`).
         precision = self._precision(reference, inputs, ref_out, training, grad_mode) if with_precision else None
+        shared = {"inputs": inputs}
+        del inputs
         try:
-            reply, payloads = self.link.ask("call", {"inputs": inputs}, mode=label)
+            reply, payloads = self.link.ask("call", shared, mode=label)
         except Failure as failure:
             raise self.link.named_outputs(failure, ref_out) from None
         cand_out = self.link.values(reply, payloads, "outputs")
@@ -595,7 +602,7 @@ class Judge:
                               f"evaluation of all of them needs about {needed / 2**30:.0f} GiB)")
         try:
             with grad_mode():
-                return Exact(reference.exact(inputs, training), rows)
+                return Exact(_detached(reference.exact(inputs, training)), rows)
         except Exception as exc:  # a reference that cannot run in float64: the rule cannot be applied
             self.notes.append(f"precision: not measured, the reference does not run in float64 ({exc})"[:300])
             return None
@@ -1044,6 +1051,12 @@ def _like(mapped: Any, values: list[Any]) -> bool:
     return isinstance(mapped, list) and len(mapped) == len(values) and all(
         isinstance(m, torch.Tensor) and m.shape == v.shape and m.dtype == v.dtype
         for m, v in zip(mapped, values) if isinstance(v, torch.Tensor))
+
+
+def _detached(out: Any) -> Any:
+    """A forward's outputs without their autograd graph: in a grad mode it holds what the forward saved for a
+    backward that never comes (inputs a weight's gradient needs, activations) as long as the outputs live."""
+    return torch.utils._pytree.tree_map_only(torch.Tensor, torch.Tensor.detach, out)
 
 
 def _positive(value: Any) -> float:
