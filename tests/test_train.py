@@ -37,7 +37,7 @@ def test_overrides_are_typed_and_checked():
     assert (config.validation_tasks, config.mrs, config.mrs_on, config.report_to) == ("hub:", None, False, ["tensorboard", "wandb"])
     with pytest.raises(ConfigError, match="turns: 'x' is not a <class 'int'>"):
         load_config(TINY, ["turns=x"])
-    with pytest.raises(ConfigError, match="advantage_estimator must be one of trloo, grpo, rloo, not 'ppo'"):
+    with pytest.raises(ConfigError, match="advantage_estimator must be one of trloo, grpo, grpo_std, rloo, not 'ppo'"):
         load_config(TINY, ["advantage_estimator=ppo"])
     with pytest.raises(ConfigError, match="rollout_dtype must be float32, bfloat16 or float16 .or unset., not 'fp8'"):
         load_config(TINY, ["rollout_dtype=fp8"])
@@ -79,6 +79,7 @@ def test_advantages_are_drkernel_rl_on_reward_to_go():
     expected = {
         "trloo": trloo_advantages(returns, prompts, turn_ids),
         "grpo": grpo_advantages(returns, prompts, turn_ids),
+        "grpo_std": grpo_advantages(returns, prompts, turn_ids, normalize_std=True),
         "rloo": rloo_advantages(returns, prompts),
     }
     for estimator, want in expected.items():
@@ -86,6 +87,10 @@ def test_advantages_are_drkernel_rl_on_reward_to_go():
         assert [s.ret for s in got] == returns.tolist()
         assert [s.advantage for s in got] == pytest.approx(want.tolist(), abs=1e-12), estimator
     assert [s.advantage for s in step_signals(turns, 2)][:4] == [0.5, 1.0, -0.5, -1.0]
+    # a group of two: GRPO's advantages are TRLOO's halved, and with the std they are +-1/sqrt(2) (or 0: a tie)
+    grpo, std = ([s.advantage for s in step_signals(turns, 2, estimator=e, void_turn=False)] for e in ("grpo", "grpo_std"))
+    assert grpo[:4] == [0.25, 0.5, -0.25, -0.5]
+    assert std[:4] == pytest.approx([2 ** -0.5, 2 ** -0.5, -(2 ** -0.5), -(2 ** -0.5)], abs=1e-5)  # eps 1e-6
 
 
 def test_void_turn_drops_exactly_the_regressions_after_a_success():

@@ -22,7 +22,7 @@ from drkernel.rl import (
     trloo_advantages,
 )
 
-ESTIMATORS = ("trloo", "grpo", "rloo")
+ESTIMATORS = ("trloo", "grpo", "grpo_std", "rloo")
 DROP_REASONS = ("mrs", "prs", "void_turn")
 
 
@@ -79,12 +79,14 @@ def turn_returns(turns: Sequence[JudgedTurn]) -> list[float]:
 
 
 def advantages(returns: Sequence[float], prompt_ids: Sequence[int], turn_ids: Sequence[int], estimator: str) -> list[float]:
-    """trloo and grpo baseline within a (prompt, turn) group; rloo within the prompt, all turns together."""
+    """trloo and grpo baseline within a (prompt, turn) group; rloo within the prompt, all turns together. grpo_std
+    also divides by the group's std, as GRPO usually does: without it GRPO's advantages are TRLOO's times (K-1)/K
+    for a group of K, a constant Adam's update cancels (docs/experiments.md, leases 17 and 18)."""
     g = torch.tensor(returns, dtype=torch.float64)
     if estimator == "trloo":
         return trloo_advantages(g, prompt_ids, turn_ids).tolist()
-    if estimator == "grpo":
-        return grpo_advantages(g, prompt_ids, turn_ids).tolist()
+    if estimator in ("grpo", "grpo_std"):
+        return grpo_advantages(g, prompt_ids, turn_ids, normalize_std=estimator == "grpo_std").tolist()
     if estimator == "rloo":
         return rloo_advantages(g, prompt_ids).tolist()
     raise ValueError(f"advantage estimator must be one of {', '.join(ESTIMATORS)}, not {estimator!r}")
