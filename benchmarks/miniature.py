@@ -62,13 +62,16 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))  # drkernel from this checkout, also where it is not installed (the GPU machine)
 STAGES = ("splits", "base", "mix", "sft", "rl", "probe", "bench", "stts", "transfer", "report")
 CLI = "drkernel.cli.main"
-# (name, settings that differ): the ablations of stage 2, same budget each
+# (name, settings that differ): the ablations of stage 2, same budget each; `grpostd` is GRPO divided by the std,
+# asked for by name only (`grpo` without it is TRLOO up to a constant Adam cancels: docs/experiments.md, leases 17-18)
 RL_RUNS = (
     ("grpo", ("advantage_estimator=grpo", "profiling_reward=false", "prs=false")),
     ("trloo", ("advantage_estimator=trloo", "profiling_reward=false", "prs=false")),
     ("recipe", ("advantage_estimator=trloo", "profiling_reward=true", "prs=true")),
+    ("grpostd", ("advantage_estimator=grpo_std", "profiling_reward=false", "prs=false")),
 )
 POLICIES = ("sft",) + tuple(name for name, _ in RL_RUNS)
+DEFAULT_POLICIES = ("sft", "grpo", "trloo", "recipe")  # the (a) to (d)
 STTS_POLICIES = ("sft", "recipe")  # (a) and (d)
 REPLICATE = "-s"  # `recipe-s1`: a replicate of the recipe's run with seed 1, in its own folder
 INCOMPLETE = 3  # exit status: the time limit stopped runs that a rerun continues
@@ -206,7 +209,7 @@ class Step:
 
 class Pipeline:
     def __init__(self, root: Path, profile: Profile, gpus: int, time_limit_s: float | None, dry_run: bool,
-                 per_gpu: int = 1, policies: tuple[str, ...] = POLICIES, base: str | None = None) -> None:
+                 per_gpu: int = 1, policies: tuple[str, ...] = DEFAULT_POLICIES, base: str | None = None) -> None:
         self.root, self.p, self.gpus, self.dry_run, self.per_gpu = root, profile, gpus, dry_run, per_gpu
         self.base_source = base  # --base
         self.policies = tuple(dict.fromkeys(policies))  # trained, benched, stts'd, transferred; in this order
@@ -532,9 +535,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rl-set", action="append", default=[], metavar="KEY=VALUE", help="a setting of "
                         "every RL run after its ablation's (drkernel train --set; repeat it), e.g. "
                         "learning_rate=1e-4")
-    parser.add_argument("--policies", nargs="+", type=_policy, default=list(POLICIES),
+    parser.add_argument("--policies", nargs="+", type=_policy, default=list(DEFAULT_POLICIES),
                         help="the policies `rl`, `bench`, `stts` and `transfer` take, in this order (the pool's, "
-                        f"within a stage; default: {' '.join(POLICIES)}; stts takes sft and recipe of them), e.g. "
+                        f"within a stage; default: {' '.join(DEFAULT_POLICIES)}; by name only: "
+                        f"{' '.join(p for p in POLICIES if p not in DEFAULT_POLICIES)}; stts takes sft and recipe of "
+                        "them), e.g. "
                         "one RL run and its bench in one lease of a GPU; NAME-sN is a replicate of an RL run with "
                         "seed N (its own folder, `--set seed=N` last)")
     parser.add_argument("--dry-run", action="store_true", help="print the command lines, run nothing")

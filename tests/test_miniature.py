@@ -175,7 +175,7 @@ def test_the_pool_gives_a_free_gpu_the_next_run_whose_policy_exists(tmp_path, ca
 def test_a_replicate_is_the_same_run_with_its_own_seed_and_folder(tmp_path, capsys):
     miniature = _miniature()
     assert miniature.main(["rl", "stts", "report", "--root", str(tmp_path), "--dry-run", "--policies", "sft", "recipe",
-                           "recipe-s1", "grpo-s2"]) == 0
+                           "recipe-s1", "grpo-s2", "grpostd-s1"]) == 0
     lines = capsys.readouterr().out.splitlines()
     rl = [line.split(f"output_dir={tmp_path}/rl/")[1].split(" --set ", 1) for line in lines if line.startswith("[rl]")]
     assert rl == [[f"recipe --log-samples {tmp_path}/rl/recipe/samples.jsonl",
@@ -183,7 +183,9 @@ def test_a_replicate_is_the_same_run_with_its_own_seed_and_folder(tmp_path, caps
                   [f"recipe-s1 --log-samples {tmp_path}/rl/recipe-s1/samples.jsonl",
                    "advantage_estimator=trloo --set profiling_reward=true --set prs=true --set seed=1"],
                   [f"grpo-s2 --log-samples {tmp_path}/rl/grpo-s2/samples.jsonl",
-                   "advantage_estimator=grpo --set profiling_reward=false --set prs=false --set seed=2"]]
+                   "advantage_estimator=grpo --set profiling_reward=false --set prs=false --set seed=2"],
+                  [f"grpostd-s1 --log-samples {tmp_path}/rl/grpostd-s1/samples.jsonl",  # by name only
+                   "advantage_estimator=grpo_std --set profiling_reward=false --set prs=false --set seed=1"]]
     stts = [line.split(" --out ")[1].split()[0] for line in lines if line.startswith("[stts]")]
     # (d)'s replicate too
     assert stts == [f"{tmp_path}/stts/sft", f"{tmp_path}/stts/recipe", f"{tmp_path}/stts/recipe-s1"]
@@ -313,15 +315,15 @@ def test_tiny_pipeline_on_the_cpu(tmp_path, capsys):
         assert metrics["tasks"] == sorted({r["task"] for r in samples}) and len(metrics["tasks"]) == 1
 
     # bench on the test split for the four policies, STTS of (a) and (d), transfer, then the reports
-    for stage, names, turns in (("bench", miniature.POLICIES, 2), ("stts", ("sft", "recipe"), 3),
-                                ("transfer", miniature.POLICIES, 2)):
+    for stage, names, turns in (("bench", miniature.DEFAULT_POLICIES, 2), ("stts", ("sft", "recipe"), 3),
+                                ("transfer", miniature.DEFAULT_POLICIES, 2)):
         for name in names:
             bench = json.loads((root / stage / name / "config.json").read_text())
             assert bench["turns"] == turns and bench["context"] == ("topk:4" if stage == "stts" else "full")
             records = [json.loads(line) for line in (root / stage / name / "trajectories.jsonl").read_text().splitlines()]
             tasks = {"2_relu"} if stage == "transfer" else {path.stem for path in (root / "test" / "tasks").glob("*.py")}
             assert sorted((r["task"], r["turn"]) for r in records) == sorted((t, k + 1) for t in tasks for k in range(turns))
-    for name in miniature.POLICIES:  # each policy's first answer to the same train prompt, after the RL runs
+    for name in miniature.DEFAULT_POLICIES:  # each policy's first answer to the same train prompt, after the RL runs
         probe = [json.loads(line) for line in (root / "probe" / name / "trajectories.jsonl").read_text().splitlines()]
         assert [(r["task"], r["turn"]) for r in probe] == [(next((root / "train" / "tasks").glob("1_*.py")).stem, 1)]
     for stage in ("probe", "rl", "bench", "stts", "transfer"):
