@@ -751,7 +751,8 @@ def test_the_judge_lets_a_trial_s_inputs_go_before_the_subject_s_call(tmp_path, 
     """Everything the judge needs of a trial's inputs (the reference's outputs, the float64 ones) is computed before
     the subject sees them; then only the subject's copy lives through its call and the comparison (a large
     evaluation's inputs are 6 GiB). In every mode: in a grad mode the autograd graphs of the reference's outputs and
-    of the float64 ones saved them for the weight's gradient."""
+    of the float64 ones saved them for the weight's gradient. A large evaluation also lets the candidate's outputs
+    go after each trial's comparison."""
     import gc
     import weakref
 
@@ -787,10 +788,19 @@ def test_the_judge_lets_a_trial_s_inputs_go_before_the_subject_s_call(tmp_path, 
             return reply, [bytearray(p) for p in encoder.payloads]
 
     link = SubjectLink(Subject(), 0, tmp_path, torch.device("cpu"), Findings(), None)  # type: ignore[arg-type]
+    mapped: list[weakref.ref] = []
+    values = link.values
+    monkeypatch.setattr(link, "values", lambda *args: mapped.append(weakref.ref(out := values(*args))) or out)
     judge = Judge(EvalRequest(task, ""), tmp_path, torch.device("cpu"), None, link)
     reference = judge.load_reference()
-    report = CorrectnessReport(Correctness(trials=len(MODES)))
-    for trial in range(len(MODES)):  # a trial in each mode, each with the precision's float64 evaluation
-        judge._correctness_trial(reference, trial, True, report, [])
-    assert report.correctness.passed_trials == len(MODES) and report.correctness.precision is not None
-    assert alive_in_calls == [False] * len(MODES)
+    for large in (False, True):
+        judge.large, report = large, CorrectnessReport(Correctness(trials=len(MODES)))
+        alive_in_calls.clear()
+        for trial in range(len(MODES)):  # a trial in each mode, each with the precision's float64 evaluation
+            judge._correctness_trial(reference, trial, True, report, [])
+            gc.collect()
+            # the candidate's outputs stay mapped until the next ones come (fewer driver calls), but a large
+            # evaluation's go at once: beside them the subject would have to put the next trial's
+            assert (mapped[-1]() is None) is large
+        assert report.correctness.passed_trials == len(MODES) and report.correctness.precision is not None
+        assert alive_in_calls == [False] * len(MODES)

@@ -573,6 +573,8 @@ class Judge:
         if precision is not None:
             summary.precision = precision.judge(ref_out, cand_out, opts, self.findings)
         summary.passed_trials += 1
+        if self.large:  # mapped until the next trial's came, they would make the subject put those beside them
+            self.link.forget_outputs()
 
     def _precision(self, reference: Reference, inputs: list[Any], ref_out: Any, training: bool,
                    grad_mode: Callable[[], Any]) -> Exact | None:
@@ -606,6 +608,9 @@ class Judge:
         except Exception as exc:  # a reference that cannot run in float64: the rule cannot be applied
             self.notes.append(f"precision: not measured, the reference does not run in float64 ({exc})"[:300])
             return None
+        finally:
+            if self.large and self.device.type == "cuda":  # the float64 evaluation's blocks leave the allocator's
+                torch.cuda.empty_cache()  # cache before the shared copy of the inputs is made beside them
 
     def _note_dtype_cheat(self, ref_out: Any, cand_out: Any) -> None:
         for ref, cand in zip(correctness.flatten_outputs(ref_out), correctness.flatten_outputs(cand_out)):
