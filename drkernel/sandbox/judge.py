@@ -49,8 +49,8 @@ TIMED_SAMPLE_ELEMENTS = 4096  # elements per output compared after every other t
 WALL_FACTOR, WALL_MARGIN_MS = 1.5, 1.0
 SHARE_OF_MEMORY = 0.25  # of the GPU's memory, at most, for one evaluation's trials beside others' (3 at once)
 # Of the GPU's memory, at most, for a large evaluation's float64 precision trial: its inputs and the reference's
-# outputs already hold several GiB, and a slice of the batch's rows measures the same rule (at SHARE_OF_MEMORY the
-# judge of a 6 GiB problem held 32-34 GiB in its correctness phase on an H100, docs/benchmarks.md).
+# outputs already hold several GiB, and a slice of the batch's rows measures the same rule (the judge of a 6 GiB
+# problem held 44-46 GiB in its correctness phase on an H100 at SHARE_OF_MEMORY, 29-36 at this; docs/benchmarks.md).
 LARGE_PRECISION_SHARE = 1 / 16
 DEGENERACY_SAMPLE = 1 << 20  # elements of the reference's output kept to judge whether the task is degenerate
 STDERR_TAIL = 3000
