@@ -322,6 +322,39 @@ def _read(path):
     return [json.loads(line) for line in Path(path).read_text().splitlines()]
 
 
+def test_a_step_with_a_gradient_not_finite_updates_nothing_and_says_so():
+    from types import SimpleNamespace
+
+    from drkernel.train.trainer import NonFiniteUpdateGuard
+
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 1))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.1)
+    trainer = SimpleNamespace(_step_metrics={})
+    guard = NonFiniteUpdateGuard(trainer)
+
+    def step(poison: bool) -> dict:
+        before = {n: p.detach().clone() for n, p in model.named_parameters()}
+        optimizer.zero_grad()
+        model(torch.ones(2, 4)).sum().backward()
+        if poison:  # one element of one tensor, as a NaN norm leaves after clipping
+            model[1].bias.grad[0] = float("nan")
+        guard.on_pre_optimizer_step(None, SimpleNamespace(global_step=3), None, model=model, optimizer=optimizer)
+        optimizer.step()
+        return {n: not torch.equal(before[n], p) for n, p in model.named_parameters()}
+
+    assert all(step(poison=False).values()) and trainer._step_metrics["update_skipped"] is False
+    moments = {k: v["exp_avg"].clone() for k, v in enumerate(optimizer.state.values())}
+    assert not any(step(poison=True).values()) and trainer._step_metrics["update_skipped"] is True
+    assert all(torch.equal(moments[k], v["exp_avg"]) for k, v in enumerate(optimizer.state.values()))
+    assert all(torch.isfinite(p).all() for p in model.parameters())
+    assert all(step(poison=False).values()) and trainer._step_metrics["update_skipped"] is False
+
+    with torch.no_grad():  # weights already poisoned (a checkpoint written after such an update): refused
+        model[0].weight[0, 0] = float("inf")
+    with pytest.raises(RuntimeError, match="1 trainable tensors hold NaN or inf before training .*0.weight"):
+        guard.on_train_begin(None, None, None, model=model)
+
+
 @pytest.mark.slow
 def test_two_steps_then_resume(tmp_path, monkeypatch, tiny_policy):
     from transformers import AutoTokenizer
@@ -368,6 +401,7 @@ def test_two_steps_then_resume(tmp_path, monkeypatch, tiny_policy):
                                     "failed": 0.5}
         assert m["turn_kind_shares"] == [m["kind_shares"]] * 2  # each turn: one success, one failure
         assert all(m[k] >= 0 for k in ("time_generation_s", "time_evaluation_s", "time_update_s"))
+        assert m["update_skipped"] is False  # the guard against non-finite gradients ran before each update
 
     # validation at step 2: the agent loop with the model being trained (sample 0's script: a success, then a
     # regression), its records where `drkernel report` reads a bench run

@@ -108,6 +108,7 @@ class DrKernelTrainer(trl.GRPOTrainer):
         self._copy: Any = None  # the rollout copy (config.rollout_dtype) and the step its weights are from
         self._copy_step: int | None = None
         self.add_callback(StepRecorder(self))
+        self.add_callback(NonFiniteUpdateGuard(self))
 
     def sample(self, contexts: list[list[int]]) -> tuple[list[list[int]], list[list[float]] | None]:
         """One turn's answers for a batch of token contexts: vLLM through TRL when configured (TRL has synced the
@@ -374,6 +375,38 @@ def _finite(values: list[float]) -> list[float | None]:
 def turn_reward_sum(completions: list[Any], trajectory_reward: list[float], **_: Any) -> list[float]:
     """The sum of a trajectory's turn rewards, for TRL's reward logging; the advantages come from the turns."""
     return [float(r) for r in trajectory_reward]
+
+
+class NonFiniteUpdateGuard(transformers.TrainerCallback):
+    """A step whose gradient is not finite updates nothing: clipped by a NaN norm, it would turn every trainable
+    weight into NaN, and every later step and checkpoint with it (seen on the H100: a LoRA run whose grad_norm was
+    NaN at step 4 of 30 failed in the CUDA sampler at step 5). The step is recorded as skipped (`update_skipped`
+    in metrics.jsonl), and a run resumed from weights that are already not finite is refused."""
+
+    def __init__(self, trainer: DrKernelTrainer) -> None:
+        self.trainer = trainer
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any) -> None:
+        broken = [name for name, p in model.named_parameters() if p.requires_grad and not torch.isfinite(p).all()]
+        if broken:
+            raise RuntimeError(f"{len(broken)} trainable tensors hold NaN or inf before training (e.g. {broken[0]}): "
+                               "the checkpoint resumed from was written after a non-finite update; resume from an "
+                               "earlier one or start the run again")
+
+    def on_pre_optimizer_step(self, args: Any, state: Any, control: Any, model: Any = None, optimizer: Any = None,
+                              **kwargs: Any) -> None:
+        """Before AdamW's step, after clipping: with any gradient not finite, none is applied (AdamW passes over a
+        parameter without a gradient, its moments unchanged); the learning-rate schedule goes on."""
+        grads = [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
+        finite = bool(torch.stack([torch.isfinite(g).all() for g in grads]).all()) if grads else True
+        self.trainer._step_metrics["update_skipped"] = not finite
+        if finite:
+            return
+        for group in optimizer.param_groups:
+            for p in group["params"]:
+                p.grad = None
+        print(f"[train] step {state.global_step + 1}: the gradient is not finite; this step updates nothing",
+              flush=True)
 
 
 class StepRecorder(transformers.TrainerCallback):
