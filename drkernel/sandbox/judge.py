@@ -608,9 +608,6 @@ class Judge:
         except Exception as exc:  # a reference that cannot run in float64: the rule cannot be applied
             self.notes.append(f"precision: not measured, the reference does not run in float64 ({exc})"[:300])
             return None
-        finally:
-            if self.large and self.device.type == "cuda":  # the float64 evaluation's blocks leave the allocator's
-                torch.cuda.empty_cache()  # cache before the shared copy of the inputs is made beside them
 
     def _note_dtype_cheat(self, ref_out: Any, cand_out: Any) -> None:
         for ref, cand in zip(correctness.flatten_outputs(ref_out), correctness.flatten_outputs(cand_out)):
