@@ -11,6 +11,9 @@ daemon that outlives them are one tested program instead of seven near-copies of
     python3 benchmarks/lease.py call DIR K [--lease-s 1490] [--watch-s W]   there, call K of the plan
     python3 benchmarks/lease.py watch DIR [--watch-s 420]                   there, a call that carries nothing new
     python3 benchmarks/lease.py daemon DIR --pack-by EPOCH                  there, started detached by call 1
+    python3 benchmarks/lease.py stop [--grace-s 10]                         there, the daemon of {mini}/daemon.pid
+                                                                           and its process group (never pkill -f:
+                                                                           it matches the call's own shell)
 
 Every path on the machine lies under one root (--root-tmp or $LEASE_ROOT_TMP, default /tmp). Commands in the spec
 (--miniature, --while-waiting, --after) may name {mini} {state} {out} {repo} {gguf}, filled in there.
@@ -138,6 +141,7 @@ class Roots:
     checkpoint_in = property(lambda self: self.tmp / "ckin")
     staging = property(lambda self: self.tmp / "ckdir")
     done = property(lambda self: self.tmp / "mini" / "DONE")
+    daemon_pid = property(lambda self: self.tmp / "mini" / "daemon.pid")
     lease_log = property(lambda self: self.tmp / "mini" / "lease.log")
     host_log = property(lambda self: self.tmp / "mini" / "host.log")
 
@@ -350,16 +354,98 @@ def add_call_files(call: dict, roots: Roots) -> None:
                roots.checkpoint_in if "checkpoint" in call["completes"] else None)
 
 
-def launch_detached(argv: list[str], log: Path, cwd: Path, env: dict[str, str]) -> None:
-    """The daemon in a session of its own (setsid nohup): it outlives the call that starts it."""
+def launch_detached(argv: list[str], log: Path, cwd: Path, env: dict[str, str], pid_file: Path) -> None:
+    """The daemon in a session of its own (setsid nohup): it outlives the call that starts it. Its pid, which is
+    also its process group's, into pid_file: `stop` and the next lease's call 1 find it there."""
     with open(log, "ab") as out:
-        subprocess.Popen(["nohup", *argv], stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, cwd=cwd,
-                         env=env, start_new_session=True)
+        process = subprocess.Popen(["nohup", *argv], stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                                   cwd=cwd, env=env, start_new_session=True)
+    pid_file.write_text(f"{process.pid}\n")
+
+
+def read_pid(pid_file: Path) -> int | None:
+    """The daemon's pid from its file; None when there is no file."""
+    try:
+        text = pid_file.read_text().strip()
+    except FileNotFoundError:
+        return None
+    if not text.isdigit():
+        raise SystemExit(f"{pid_file} holds {text[:40]!r}, not a pid: look at it, then remove it by hand")
+    return int(text)
+
+
+def live_members(pgid: int) -> list[int]:
+    """The processes of a process group that still run, from /proc (Linux, as the machine is). Zombies do not
+    count: an orphaned daemon stays one where nothing on the machine reaps it."""
+    members = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()  # after "pid (comm)": state, ppid, pgrp
+        except OSError:
+            continue  # ended while listed
+        if fields[0] != "Z" and int(fields[2]) == pgid:
+            members.append(int(stat.parent.name))
+    return members
+
+
+def daemon_running(pid: int) -> bool:
+    """Whether pid runs and leads its own process group, as a daemon of launch_detached does (a reused pid does
+    not, most likely)."""
+    return pid in live_members(pid)
+
+
+def wait_gone(pgid: int, seconds: float) -> bool:
+    end = time.time() + seconds
+    while live_members(pgid) and time.time() < end:
+        time.sleep(0.1)
+    return not live_members(pgid)
+
+
+def stop(roots: Roots, grace_s: float) -> str:
+    """The daemon of daemon.pid ended with its process group: SIGTERM, SIGKILL after grace_s. By pid only:
+    `pkill -f "lease.py daemon"` also matched the call's own `bash -c` and killed the call. Returns what it did."""
+    pid = read_pid(roots.daemon_pid)
+    if pid is None:
+        return f"no daemon.pid ({roots.daemon_pid})"
+    if not daemon_running(pid):
+        roots.daemon_pid.unlink()
+        return f"no daemon running (pid file stale: {pid})"
+    os.killpg(pid, signal.SIGTERM)
+    how = "ended on SIGTERM"
+    if not wait_gone(pid, grace_s):
+        os.killpg(pid, signal.SIGKILL)
+        how = f"SIGKILL after {grace_s:g} s"
+        wait_gone(pid, 5.0)
+    roots.daemon_pid.unlink(missing_ok=True)  # the daemon removes it itself when it ends on SIGTERM
+    return f"stopped daemon {pid} (process group): {how}"
+
+
+def clear_warm(roots: Roots) -> None:
+    """A warm machine (the next lease's call 1 within 30 s of the last call) keeps /tmp. A daemon still running
+    there is refused; an earlier lease's DONE would end this lease's watch at once, and its results in roots.out
+    would come back as this lease's: both go."""
+    pid = read_pid(roots.daemon_pid)
+    if pid is not None and daemon_running(pid):
+        raise SystemExit(f"a daemon from an earlier lease is still running on this warm machine (pid {pid}): "
+                         "`python3 benchmarks/lease.py stop` first, or watch it")
+    if roots.done.exists():
+        print(f"warm machine: an earlier lease's files lie under {roots.tmp}; stages that find their outputs skip "
+              f"them; the earlier lease's {roots.done} is removed now", flush=True)
+        roots.done.unlink()
+    earlier = sorted(roots.out.iterdir()) if roots.out.is_dir() else []
+    if earlier:
+        print(f"removed from {roots.out}, the earlier lease's: {', '.join(p.name for p in earlier)}", flush=True)
+    for path in earlier:
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        else:
+            path.unlink()
 
 
 def first_call(plan: dict, spec_dir: str, roots: Roots, lease_s: float, launch=launch_detached,
                first_log_s: float = 15.0) -> None:
     """Call 1: the tree to roots.repo, the wheels, the first chunk, then the daemon, packing by now + lease_s."""
+    clear_warm(roots)
     for folder in (roots.mini, roots.repo, roots.state, roots.out):
         folder.mkdir(parents=True, exist_ok=True)
     chunks = {Path(p) for call in plan["calls"] for p in call["gguf"] + call["pieces"]}
@@ -367,11 +453,15 @@ def first_call(plan: dict, spec_dir: str, roots: Roots, lease_s: float, launch=l
     install_wheels(Path(plan["wheels"]), roots.site)
     add_call_files(plan["calls"][0], roots)
     pack_by = int(time.time() + lease_s)
+    log_start = roots.lease_log.stat().st_size if roots.lease_log.exists() else 0  # a warm machine's earlier log
     launch([sys.executable, str(roots.repo / "benchmarks" / "lease.py"), "daemon", str(roots.repo / spec_dir),
-            "--pack-by", str(pack_by), "--root-tmp", str(roots.tmp)], roots.lease_log, roots.repo, roots.env())
+            "--pack-by", str(pack_by), "--root-tmp", str(roots.tmp)], roots.lease_log, roots.repo, roots.env(),
+           roots.daemon_pid)
     print(f"daemon started, packing by {time.strftime('%H:%M:%S', time.gmtime(pack_by))} UTC", flush=True)
     time.sleep(first_log_s)
-    print("".join(roots.lease_log.read_text(errors="replace").splitlines(keepends=True)[:40]), end="", flush=True)
+    with open(roots.lease_log, "rb") as log:
+        log.seek(log_start)
+        print("".join(log.read().decode(errors="replace").splitlines(keepends=True)[:40]), end="", flush=True)
     print(f"nproc {os.cpu_count()}; {memory_line()}", flush=True)
 
 
@@ -478,6 +568,9 @@ def shell(lease: Lease, title: str, command: str, timeout_s: float | None = None
             os.killpg(process.pid, signal.SIGKILL)
             process.wait()
         rc = 124
+    except BaseException:  # the daemon stopped (`stop`): its stage, in a session of its own, must not outlive it
+        os.killpg(process.pid, signal.SIGKILL)
+        raise
     say(f"{title}: rc {rc}")
     return rc
 
@@ -663,15 +756,22 @@ def check_out(out: Path) -> None:
             f"{MAX_OUT_BYTES // MIB} MiB: {big}; NOT ALL OF IT WILL COME BACK")
 
 
+def stopped(signum: int, frame) -> None:
+    """SIGTERM as an exception, so that run_daemon's finally packs and the running stage is killed with it."""
+    raise SystemExit(f"stopped by signal {signum}")
+
+
 def run_daemon(lease: Lease) -> None:
-    """The lease's stages in order; whatever fails, what there is gets packed and DONE is written."""
+    """The lease's stages in order; whatever fails, what there is gets packed and DONE is written. SIGTERM (from
+    `stop`) ends the stages the same way, and daemon.pid goes when the daemon ends."""
+    signal.signal(signal.SIGTERM, stopped)
     roots = lease.roots
     for folder in (roots.mini, roots.out, roots.mini / "rl"):
         folder.mkdir(parents=True, exist_ok=True)
-    stop = threading.Event()
+    packed = threading.Event()
     try:
         guarded("environment", stage_environment, lease)
-        threading.Thread(target=watch_host, args=(roots.host_log, stop), daemon=True).start()
+        threading.Thread(target=watch_host, args=(roots.host_log, packed), daemon=True).start()
         guarded("mix", stage_mix, lease)
         for timed in lease.spec.while_waiting:
             guarded("while waiting", stage_timed, lease, "while waiting", timed)
@@ -684,8 +784,9 @@ def run_daemon(lease: Lease) -> None:
         for title, stage in (("checkpoint", pack_checkpoint), ("runs.tgz", pack_runs), ("adapter", pack_adapter)):
             guarded(title, stage, lease)
         guarded("out", check_out, roots.out)
-        stop.set()
+        packed.set()
         roots.done.touch()
+        roots.daemon_pid.unlink(missing_ok=True)
         say("done")
 
 
@@ -743,6 +844,8 @@ def main(argv: list[str] | None = None) -> int:
     daemon = commands.add_parser("daemon", parents=[root_tmp], help="the lease's stages (there, detached)")
     daemon.add_argument("dir", type=Path)
     daemon.add_argument("--pack-by", type=float, required=True, help="epoch second by which all is packed")
+    stopping = commands.add_parser("stop", parents=[root_tmp], help="the daemon of daemon.pid (there)")
+    stopping.add_argument("--grace-s", type=float, default=10.0, help="SIGKILL after this long")
     args = parser.parse_args(argv)
 
     if args.command == "plan":
@@ -756,6 +859,8 @@ def main(argv: list[str] | None = None) -> int:
         run_call(args.dir, args.k, roots, args.lease_s, args.watch_s)
     elif args.command == "watch":
         watch(roots, args.watch_s)
+    elif args.command == "stop":
+        print(stop(roots, args.grace_s), flush=True)
     else:
         _, spec = load_plan(args.dir)
         run_daemon(Lease(spec, roots, args.pack_by))

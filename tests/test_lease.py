@@ -201,10 +201,12 @@ def _machine(lease, tmp_path: Path, spec, gguf: bool = True):
 
 def _run_daemon(roots, spec_dir, lease_s: float, **env):
     roots.mini.mkdir(parents=True, exist_ok=True)
+    roots.daemon_pid.write_text("1\n")  # as launch_detached leaves it: the daemon removes it when it ends
     with open(roots.lease_log, "w") as log:
         subprocess.run([sys.executable, str(REPO / "benchmarks" / "lease.py"), "daemon", str(spec_dir),
                         "--pack-by", str(time.time() + lease_s), "--root-tmp", str(roots.tmp)],
                        stdout=log, stderr=subprocess.STDOUT, check=True, timeout=60, env={**os.environ, **env})
+    assert not roots.daemon_pid.exists()
     calls = [json.loads(line) for line in (roots.mini / "stub_calls.jsonl").read_text().splitlines()]
     return roots.lease_log.read_text(), calls
 
@@ -328,3 +330,133 @@ def test_calls_move_the_gguf_in_whole_and_the_watch_brings_back_out(lease, tmp_p
         p.name for p in roots.out.iterdir()) and (out / "runs.tgz").exists()
     calls = [json.loads(line) for line in (roots.mini / "stub_calls.jsonl").read_text().splitlines()]
     assert calls[-1]["found_checkpoints"] == ["checkpoint-3"]  # the pieces, unpacked into ckin, resumed
+    assert _eventually(lambda: not roots.daemon_pid.exists(), 10)  # the daemon removes it after DONE
+
+
+# ------------------------------------------------------------------------------------------------- stop, warm machine
+
+def _runs(pid: int) -> bool:
+    """Whether pid is a process that has not ended (a zombie has: nothing may reap it here)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _eventually(check, seconds: float) -> bool:
+    end = time.time() + seconds
+    while not check() and time.time() < end:
+        time.sleep(0.05)
+    return check()
+
+
+@pytest.mark.parametrize("ignores_term", [False, True])
+def test_stop_ends_a_detached_process_group(lease, tmp_path, capsys, ignores_term):
+    """A shell and its child, started as the daemon is: both end, by the pid file, SIGKILL where SIGTERM does
+    nothing."""
+    roots = lease.Roots(tmp_path)
+    roots.mini.mkdir()
+    trap = "trap '' TERM; " if ignores_term else ""
+    lease.launch_detached(["sh", "-c", f"{trap}sleep 60 & echo $! > child.pid; wait"], tmp_path / "log", tmp_path,
+                          dict(os.environ), roots.daemon_pid)
+    pid = int(roots.daemon_pid.read_text())
+    assert _eventually(lambda: (tmp_path / "child.pid").exists() and (tmp_path / "child.pid").read_text().strip(), 10)
+    child = int((tmp_path / "child.pid").read_text())
+    assert _runs(pid) and _runs(child) and os.getpgid(child) == pid
+    try:
+        assert lease.main(["stop", "--root-tmp", str(tmp_path), "--grace-s", "0.5"]) == 0
+    finally:
+        for leftover in (pid, child):
+            if _runs(leftover):
+                os.kill(leftover, 9)
+    how = "SIGKILL after 0.5 s" if ignores_term else "ended on SIGTERM"
+    assert capsys.readouterr().out == f"stopped daemon {pid} (process group): {how}\n"
+    assert not _runs(pid) and not _runs(child) and not roots.daemon_pid.exists()
+
+
+def test_stop_without_a_daemon_says_so(lease, tmp_path, capsys):
+    roots = lease.Roots(tmp_path)
+    roots.mini.mkdir()
+    assert lease.main(["stop", "--root-tmp", str(tmp_path)]) == 0
+    assert capsys.readouterr().out.startswith("no daemon.pid (")
+    ended = subprocess.Popen(["true"], start_new_session=True)
+    ended.wait()
+    roots.daemon_pid.write_text(f"{ended.pid}\n")
+    assert lease.main(["stop", "--root-tmp", str(tmp_path)]) == 0
+    assert capsys.readouterr().out == f"no daemon running (pid file stale: {ended.pid})\n"
+    assert not roots.daemon_pid.exists()
+    roots.daemon_pid.write_text("lease.py daemon\n")
+    with pytest.raises(SystemExit, match="holds 'lease.py daemon', not a pid"):
+        lease.main(["stop", "--root-tmp", str(tmp_path)])
+
+
+def test_stop_ends_a_real_daemon_with_its_running_stage(lease, tmp_path, capsys):
+    """The stage runs in a session of its own, out of the daemon's group: the daemon kills it as it stops, then
+    packs, writes DONE and removes its pid file."""
+    spec = lease.Spec(run="r", while_waiting=[lease.Timed("echo $$ > {mini}/stage.pid; exec sleep 60", 100)])
+    roots, spec_dir = _machine(lease, tmp_path, spec)
+    roots.mini.mkdir(parents=True)
+    lease.launch_detached([sys.executable, str(REPO / "benchmarks" / "lease.py"), "daemon", str(spec_dir),
+                           "--pack-by", str(time.time() + 200), "--root-tmp", str(roots.tmp)], roots.lease_log,
+                          roots.repo, dict(os.environ), roots.daemon_pid)
+    stage_pid = roots.mini / "stage.pid"
+    try:
+        assert _eventually(lambda: stage_pid.exists() and stage_pid.read_text().strip(), 30)
+        stage = int(stage_pid.read_text())
+        assert _runs(stage)
+        assert lease.stop(roots, grace_s=20).endswith("ended on SIGTERM")
+    finally:
+        lease.stop(roots, grace_s=0)
+    assert not _runs(stage) and roots.done.exists() and not roots.daemon_pid.exists()
+    log = roots.lease_log.read_text()
+    assert "stopped by signal 15" in log and "pack\n" in log and (roots.out / "runs.tgz").exists()
+
+
+def _call_one(lease, tmp_path, monkeypatch):
+    """Call 1's inputs with nothing to carry, and a launch that only records (and logs, as a daemon would)."""
+    tree = tmp_path / "tree"
+    tree.mkdir()
+    monkeypatch.chdir(tree)
+    plan = {"wheels": ".whl", "calls": [{"gguf": [], "pieces": [], "completes": []}]}
+    launched = []
+
+    def launch(argv, log, cwd, env, pid_file):
+        launched.append(argv)
+        with open(log, "a") as f:
+            f.write("this lease's daemon\n")
+
+    return lease.Roots(tmp_path / "tmp"), plan, launch, launched
+
+
+def test_first_call_refuses_while_an_earlier_daemon_runs(lease, tmp_path, monkeypatch):
+    roots, plan, launch, launched = _call_one(lease, tmp_path, monkeypatch)
+    roots.mini.mkdir(parents=True)
+    earlier = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    try:
+        roots.daemon_pid.write_text(f"{earlier.pid}\n")
+        with pytest.raises(SystemExit, match=rf"still running on this warm machine \(pid {earlier.pid}\): "
+                                             r"`python3 benchmarks/lease.py stop` first"):
+            lease.first_call(plan, "L", roots, lease_s=100, launch=launch, first_log_s=0)
+    finally:
+        earlier.kill()
+        earlier.wait()
+    assert launched == [] and not roots.repo.exists()
+    assert roots.daemon_pid.read_text() == f"{earlier.pid}\n"
+
+
+def test_first_call_on_a_warm_machine_clears_the_earlier_lease(lease, tmp_path, monkeypatch, capsys):
+    """The earlier lease's DONE would end this lease's watch at once, its out files would come back as this
+    lease's, and its log would be printed as this daemon's first lines."""
+    roots, plan, launch, launched = _call_one(lease, tmp_path, monkeypatch)
+    (roots.out / "bundle-x").mkdir(parents=True)
+    for path in (roots.out / "runs.tgz", roots.out / "bundle-x" / "part", roots.done):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("earlier")
+    roots.lease_log.write_text("the earlier lease's daemon\n")
+    lease.first_call(plan, "L", roots, lease_s=100, launch=launch, first_log_s=0)
+    printed = capsys.readouterr().out
+    assert len(launched) == 1 and not roots.done.exists() and list(roots.out.iterdir()) == []
+    assert f"warm machine: an earlier lease's files lie under {roots.tmp}; stages that find their outputs skip them" \
+        in printed
+    assert f"removed from {roots.out}, the earlier lease's: bundle-x, runs.tgz\n" in printed
+    assert "this lease's daemon" in printed and "the earlier lease's daemon" not in printed
