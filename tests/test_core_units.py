@@ -771,12 +771,14 @@ def test_the_judge_lets_a_trial_s_inputs_go_before_the_subject_s_call(tmp_path, 
     monkeypatch.setattr(Reference, "inputs", lambda self, seed: [
         drawn.append(weakref.ref(v)) or v for v in inputs(self, seed)])
     alive_in_calls: list[bool] = []
+    asked_to_forget: list[bool] = []
 
     class Subject:
         """Answers every call with the reference's outputs, noting whether the judge still holds its inputs."""
 
         def send(self, header, payloads):
             self.header, self.payloads = header, [bytearray(p) for p in payloads]
+            asked_to_forget.append(header["forget_inputs"])
 
         def receive(self):
             gc.collect()
@@ -796,6 +798,7 @@ def test_the_judge_lets_a_trial_s_inputs_go_before_the_subject_s_call(tmp_path, 
     for large in (False, True):
         judge.large, report = large, CorrectnessReport(Correctness(trials=len(MODES)))
         alive_in_calls.clear()
+        asked_to_forget.clear()
         for trial in range(len(MODES)):  # a trial in each mode, each with the precision's float64 evaluation
             judge._correctness_trial(reference, trial, True, report, [])
             gc.collect()
@@ -804,3 +807,29 @@ def test_the_judge_lets_a_trial_s_inputs_go_before_the_subject_s_call(tmp_path, 
             assert (mapped[-1]() is None) is large
         assert report.correctness.passed_trials == len(MODES) and report.correctness.precision is not None
         assert alive_in_calls == [False] * len(MODES)
+        assert asked_to_forget == [large] * len(MODES)  # the subject lets a large evaluation's inputs go too
+
+
+def test_the_subject_lets_mapped_inputs_go_after_a_call_when_asked(tmp_path, monkeypatch) -> None:
+    """The subject keeps the judge's values mapped until the next request's (fewer driver calls), except where the
+    judge asks it not to: a large evaluation's shared copy stays allocated in the judge while the subject maps it, so
+    the next trial's copy took a new 6 GiB segment (the judge's 30 GiB for a 6 GiB problem, an H100)."""
+    import weakref
+
+    from drkernel.sandbox import channel
+    from drkernel.sandbox.subject import Subject
+
+    subject = Subject(None, tmp_path, torch.device("cpu"), gate_hooks=False)
+    subject.model = lambda x: x * 2
+    monkeypatch.setattr(subject, "_checked_call", lambda args, pristine: (subject.model(*args), {}))
+    for forget in (False, True):
+        encoder = channel.Encoder()
+        header = {"op": "call", "mode": "eval+no_grad", "forget_inputs": forget, "inputs": encoder.encode([torch.ones(3)])}
+        reply = subject.call(header, [bytearray(p) for p in encoder.payloads])
+        assert "outputs" in reply
+        mapped = subject.last_mapped
+        assert (mapped is None) is forget
+        if not forget:
+            kept = weakref.ref(mapped[0])
+            del mapped
+            assert kept() is not None  # held by the subject until the next request

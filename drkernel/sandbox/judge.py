@@ -549,7 +549,7 @@ class Judge:
         shared = {"inputs": inputs}
         del inputs
         try:
-            reply, payloads = self.link.ask("call", shared, mode=label)
+            reply, payloads = self.link.ask("call", shared, mode=label, forget_inputs=self.large)
         except Failure as failure:
             raise self.link.named_outputs(failure, ref_out) from None
         cand_out = self.link.values(reply, payloads, "outputs")
