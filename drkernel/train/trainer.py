@@ -390,8 +390,8 @@ class NonFiniteUpdateGuard(transformers.TrainerCallback):
         broken = [name for name, p in model.named_parameters() if p.requires_grad and not torch.isfinite(p).all()]
         if broken:
             raise RuntimeError(f"{len(broken)} trainable tensors hold NaN or inf before training (e.g. {broken[0]}): "
-                               "the checkpoint resumed from was written after a non-finite update; resume from an "
-                               "earlier one or start the run again")
+                               "a checkpoint written after a non-finite update (resume from an earlier one or start "
+                               "the run again) or a model whose weights are broken")
 
     def on_pre_optimizer_step(self, args: Any, state: Any, control: Any, model: Any = None, optimizer: Any = None,
                               **kwargs: Any) -> None:
