@@ -17,7 +17,8 @@ daemon that outlives them are one tested program instead of seven near-copies of
 
 Every path on the machine lies under one root (--root-tmp or $LEASE_ROOT_TMP, default /tmp). Commands in the spec
 (--miniature, --while-waiting, --after) may name {mini} {state} {out} {repo} {gguf}, filled in there.
-Standard library only: it runs under the machine's python3 before the wheels are in.
+Standard library only (with drkernel.train.checkpoints, which is too): it runs under the machine's python3 before
+the wheels are in.
 """
 
 from __future__ import annotations
@@ -42,7 +43,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(1, str(Path(__file__).resolve().parent.parent))  # drkernel from this checkout
 import bundle  # noqa: E402  (benchmarks/bundle.py, beside this file)
+from drkernel.train.checkpoints import last_checkpoint  # noqa: E402  (the checkpoint `drkernel train --resume` takes)
 
 MIB = 1 << 20
 MARGIN_BYTES = MIB  # under the call's limit: plan.json, written after the sizes are taken, and rounding
@@ -594,11 +597,8 @@ def wait_for(path: Path, seconds: float, poll_s: float = 2.0) -> bool:
 
 
 def sha256(path: Path) -> str:
-    digest = hashlib.sha256()
     with open(path, "rb") as f:
-        while block := f.read(MIB):
-            digest.update(block)
-    return digest.hexdigest()
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def stage_environment(lease: Lease) -> None:
@@ -704,21 +704,15 @@ def stage_timed(lease: Lease, kind: str, timed: Timed) -> None:
           timeout_s=max(1.0, min(timed.timeout_s, left)))
 
 
-def last_checkpoint(run_dir: Path) -> Path | None:
-    """The run's newest whole checkpoint (one with trainer_state.json), by step number."""
-    whole = [p for p in run_dir.glob("checkpoint-*") if p.name.split("-")[-1].isdigit()
-             and (p / "trainer_state.json").exists()]
-    return max(whole, key=lambda p: int(p.name.split("-")[-1]), default=None)
-
-
 def pack_checkpoint(lease: Lease) -> None:
     """An unfinished run: its folder and last whole checkpoint as bundle pieces, for the next lease to resume."""
     if not lease.run_dir.is_dir() or (lease.run_dir / "final").exists():
         return
-    checkpoint = last_checkpoint(lease.run_dir)
-    if checkpoint is None:
+    found = last_checkpoint(lease.run_dir)
+    if found is None:
         say(f"{lease.run_dir}: unfinished and no whole checkpoint, nothing to resume")
         return
+    checkpoint = Path(found)
     say(f"packing {lease.run_dir} with {checkpoint.name}")
     staged = lease.roots.staging / lease.spec.run
     shutil.rmtree(staged, ignore_errors=True)

@@ -45,11 +45,12 @@ if "rl" in args.stages:
     record["found_checkpoints"] = sorted(p.name for p in run.glob("checkpoint-*"))
     run.mkdir(parents=True, exist_ok=True)
     (run / "metrics.jsonl").write_text("".join(json.dumps({"reward_mean": r}) + "\\n" for r in (0.1, 0.5)))
-    for step, whole in ((2, True), (10, True), (11, False)):
+    # 11: cut before its trainer state; 12: cut while writing it (resume passes over both)
+    for step, state in ((2, json.dumps({"step": 2})), (10, json.dumps({"step": 10})), (11, None), (12, '{"step": ')):
         (run / f"checkpoint-{step}").mkdir(exist_ok=True)
         (run / f"checkpoint-{step}" / "adapter_model.safetensors").write_bytes(os.urandom(30000))
-        if whole:
-            (run / f"checkpoint-{step}" / "trainer_state.json").write_text(json.dumps({"step": step}))
+        if state is not None:
+            (run / f"checkpoint-{step}" / "trainer_state.json").write_text(state)
     if os.environ.get("STUB_FINISH"):
         (run / "final").mkdir(exist_ok=True)
         (run / "final" / "adapter_model.safetensors").write_bytes(b"adapter")

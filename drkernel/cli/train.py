@@ -29,7 +29,8 @@ def train_command(
     settings = list(overrides or []) + ([f"log_samples={log_samples}"] if log_samples else [])
     cfg = load_config(config, settings)
     from drkernel.train.rollout import EvaluatorUnavailable
-    from drkernel.train.run import last_checkpoint, train
+    from drkernel.train.checkpoints import last_checkpoint
+    from drkernel.train.run import train
 
     try:
         trainer = train(cfg, resume=resume)

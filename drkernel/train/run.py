@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import itertools
 import json
 import os
-import re
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +15,7 @@ from drkernel.agent.local_models import load_causal_lm, load_tokenizer
 from drkernel.agent.prompts import first_turn_prompt
 from drkernel.tasks.loaders import load_tasks
 from drkernel.tasks.task import Task
+from drkernel.train.checkpoints import TRAINER_STATE, checkpoint_step, cut_checkpoints, last_checkpoint
 from drkernel.train.config import TINY_MODEL, ConfigError, TrainConfig
 from drkernel.train.policy import PolicyShape, build_policy
 from drkernel.train.rollout import GenerateFn
@@ -56,35 +55,6 @@ def validation_bench_config(config: TrainConfig, model_path: str) -> BenchConfig
     )
 
 
-CHECKPOINT = re.compile(r"checkpoint-(\d+)$")
-TRAINER_STATE = "trainer_state.json"  # the Trainer writes it last into a checkpoint: there, the checkpoint is whole
-
-
-def last_checkpoint(output_dir: str | Path) -> str | None:
-    """The newest whole checkpoint in `output_dir`: one a run stopped while saving it (a time limit's SIGTERM, a
-    Ctrl-C) has no readable trainer state, and resuming from it would fail, so the one before it counts."""
-    return next((str(path) for path in _checkpoints(Path(output_dir)) if _whole(path)), None)
-
-
-def cut_checkpoints(output_dir: str | Path) -> list[str]:
-    """Checkpoints newer than the last whole one: left by a run stopped while saving (safe to delete)."""
-    return [str(path) for path in itertools.takewhile(lambda path: not _whole(path), _checkpoints(Path(output_dir)))]
-
-
-def _checkpoints(folder: Path) -> list[Path]:
-    if not folder.is_dir():
-        return []
-    found = [path for path in folder.iterdir() if path.is_dir() and CHECKPOINT.fullmatch(path.name)]
-    return sorted(found, key=_checkpoint_step, reverse=True)
-
-
-def _whole(checkpoint: Path) -> bool:
-    try:
-        return isinstance(json.loads((checkpoint / TRAINER_STATE).read_text()), dict)
-    except (OSError, ValueError):
-        return False
-
-
 def holds_a_run(output_dir: Path) -> bool:
     """Whether a former run left its metrics or checkpoints in `output_dir`."""
     return (output_dir / "metrics.jsonl").exists() or any(output_dir.glob("checkpoint-*"))
@@ -99,12 +69,6 @@ def prompts_per_step(config: TrainConfig) -> int:
     prompt."""
     trajectories = config.per_device_train_batch_size * config.gradient_accumulation_steps * _processes()
     return trajectories // config.num_generations
-
-
-def _checkpoint_step(checkpoint: str | Path) -> int:
-    match = CHECKPOINT.fullmatch(Path(checkpoint).name)
-    assert match is not None, checkpoint  # only checkpoints _checkpoints found come here
-    return int(match.group(1))
 
 
 def train(config: TrainConfig, resume: bool = False, generate: GenerateFn | None = None) -> Any:
@@ -123,8 +87,8 @@ def train(config: TrainConfig, resume: bool = False, generate: GenerateFn | None
         # a second run would write its metrics beside the first one's checkpoints and samples, and report mixes them
         raise ConfigError(f"{out} already holds a training run; pass --resume to continue it, "
                           "or choose another output_dir")
-    if checkpoint is not None and _checkpoint_step(checkpoint) >= config.max_steps:
-        raise ConfigError(f"--resume: {checkpoint} is already at step {_checkpoint_step(checkpoint)}, and max_steps is "
+    if checkpoint is not None and checkpoint_step(checkpoint) >= config.max_steps:
+        raise ConfigError(f"--resume: {checkpoint} is already at step {checkpoint_step(checkpoint)}, and max_steps is "
                           f"{config.max_steps}; raise max_steps to train further")
     tasks = load_tasks(config.tasks)
     per_step = prompts_per_step(config)
