@@ -565,7 +565,9 @@ class Judge:
         summary.rel_error = max(summary.rel_error or 0.0, comparison.rel_error)
         first_ref = correctness.flatten_outputs(ref_out)[0]
         if isinstance(first_ref, torch.Tensor) and len(ref_samples) < 2:
-            ref_samples.append(first_ref.detach().reshape(-1)[:DEGENERACY_SAMPLE].clone())
+            # On the host: a 4 MiB block kept on the GPU for the phase would lie in a large trial's freed segment,
+            # which then holds no full-size tensor again, and the next trial's would take a new one.
+            ref_samples.append(first_ref.detach().reshape(-1)[:DEGENERACY_SAMPLE].to("cpu", copy=True))
         if not comparison.ok:
             summary.first_mismatch = comparison.mismatch
             self._note_dtype_cheat(ref_out, cand_out)
