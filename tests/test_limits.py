@@ -83,3 +83,33 @@ def test_an_address_space_really_too_small_is_invalid_and_named() -> None:
     assert (status, kind) == ("invalid", "LimitTooLow")
     assert message is not None and message.startswith("RLIMIT_AS hard limit 1.5 GiB is below the ")
     assert message.endswith(" GiB an evaluation needs; raise it (ulimit) for the process that runs drkernel")
+
+
+def test_a_host_memory_limit_below_the_gpu_floor_is_invalid_and_named() -> None:
+    """On a GPU an evaluation's own two processes hold about 1.4 GB resident (1.36-1.43 GB on an H100): a
+    `memory_limit_mb` of 1024 made the watchdog end every evaluation as `crashed` / MemoryLimit before its candidate
+    ran. Below the floor the request is refused before anything is forked, naming the limit to raise."""
+    from drkernel.runner.sandbox import GPU_MEMORY_FLOOR_MB, memory_floor_failure
+
+    refused = memory_floor_failure("cuda", 1024, 65536)
+    assert refused is not None and (refused.status, refused.error.kind) == ("invalid", "LimitTooLow")
+    assert refused.error.message.startswith(f"memory_limit_mb=1024 is below the {GPU_MEMORY_FLOOR_MB} MB")
+    capped = memory_floor_failure("cuda", 16384, 1500)
+    assert capped is not None and capped.error.message.startswith("the sandbox's memory cap of 1500 MB is below")
+    assert memory_floor_failure("cuda", GPU_MEMORY_FLOOR_MB, 65536) is None
+    assert memory_floor_failure("cpu", 1024, 65536) is None  # the CPU's floor is the address-space limit's
+
+
+@pytest.mark.skipif(DEVICE != "cuda", reason="needs a GPU")
+def test_a_gpu_evaluation_under_1024_mb_of_host_memory_is_invalid_not_crashed() -> None:
+    from drkernel.runner.sandbox import Sandbox
+    from drkernel.schema import EvalOptions, EvalRequest
+
+    box = Sandbox(device="cuda", gpu="0")
+    try:
+        reference = (REPO / "examples" / "tasks" / "1_vector_add.py").read_text()
+        good = (REPO / "examples" / "candidates" / "1_vector_add__triton.py").read_text()
+        result = box.evaluate(EvalRequest(reference, good, EvalOptions(timeout_s=60, memory_limit_mb=1024)))
+    finally:
+        box.close()
+    assert (result.status, result.error.kind) == ("invalid", "LimitTooLow"), result.to_json(indent=1)

@@ -35,6 +35,9 @@ MEMORY_CHECK_S = 0.25  # at most one /proc scan this often for all of a sandbox'
 KILL_GRACE_S = 5.0
 OUTPUT_TAIL_CHARS = 3000
 GPU_OVERLAP = 3  # evaluations running at once on one GPU: checking correctness together, timing one at a time
+# The least host memory an evaluation may be given on a GPU: its judge and subject hold about 1.4 GB resident before
+# the candidate allocates anything (two CUDA contexts; 1.36-1.43 GB measured on an H100 host, docs/benchmarks.md).
+GPU_MEMORY_FLOOR_MB = 2048
 
 
 class _NeverStarted(EngineError):
@@ -91,6 +94,9 @@ class Sandbox:
 
     def prepare(self, request: EvalRequest) -> Prepared:
         workdir = Path(tempfile.mkdtemp(prefix="job-", dir=self.root))
+        refused = memory_floor_failure(self.device, request.options.memory_limit_mb, self.memory_cap_mb)
+        if refused is not None:
+            return Prepared(request, None, workdir, refused)
         (workdir / "request.json").write_text(json.dumps(request.to_dict()))
         if self.overlap > 1:
             (workdir / GATE_FILE).write_text(str(self.gate))
@@ -288,6 +294,19 @@ def _output_tail(workdir: Path) -> str:
         if text.strip():
             parts.append(f"[{name}]\n{text[-OUTPUT_TAIL_CHARS:]}")
     return "\n".join(parts)
+
+
+def memory_floor_failure(device: str, limit_mb: int, cap_mb: int) -> EvalResult | None:
+    """`invalid` for a host-memory limit below what the evaluation's own processes hold on a GPU: the watchdog
+    would end every evaluation as `crashed` before its candidate ran. On the CPU the address-space limit names its
+    own floor (`isolate.LimitTooLow`, from inside the evaluation)."""
+    if device != "cuda" or min(limit_mb, cap_mb) >= GPU_MEMORY_FLOOR_MB:
+        return None
+    named = f"memory_limit_mb={limit_mb}" if limit_mb <= cap_mb else f"the sandbox's memory cap of {cap_mb} MB"
+    return EvalResult.failure(
+        Status.INVALID, "LimitTooLow",
+        f"{named} is below the {GPU_MEMORY_FLOOR_MB} MB an evaluation needs on a GPU: its own two processes hold "
+        "about 1.4 GB of host memory there (their CUDA contexts) before the candidate runs; raise it")
 
 
 class GroupMemory:
