@@ -45,6 +45,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(1, str(Path(__file__).resolve().parent.parent))  # drkernel from this checkout
 import bundle  # noqa: E402  (benchmarks/bundle.py, beside this file)
+from drkernel.sandbox import procfs  # noqa: E402  (standard library only, as this driver must be)
 from drkernel.train.checkpoints import last_checkpoint  # noqa: E402  (the checkpoint `drkernel train --resume` takes)
 
 MIB = 1 << 20
@@ -380,15 +381,7 @@ def read_pid(pid_file: Path) -> int | None:
 def live_members(pgid: int) -> list[int]:
     """The processes of a process group that still run, from /proc (Linux, as the machine is). Zombies do not
     count: an orphaned daemon stays one where nothing on the machine reaps it."""
-    members = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()  # after "pid (comm)": state, ppid, pgrp
-        except OSError:
-            continue  # ended while listed
-        if fields[0] != "Z" and int(fields[2]) == pgid:
-            members.append(int(stat.parent.name))
-    return members
+    return [process.pid for process in procfs.processes() if process.state != "Z" and process.pgrp == pgid]
 
 
 def daemon_running(pid: int) -> bool:
