@@ -16,7 +16,7 @@ import torch
 from drkernel.runner.sandbox import DeviceQueue, Sandbox
 from drkernel.sandbox import guards
 from drkernel.sandbox.gate import DeviceGate
-from drkernel.sandbox.judge import Judge
+from drkernel.sandbox.judge import Failure, Judge, memory_class, sizes_on_meta
 from drkernel.schema import Status
 
 from tests.test_scheduler import example
@@ -123,15 +123,15 @@ def test_shared_holder_lets_the_lock_go_while_triton_compiles(tmp_path: Path) ->
 
 
 def test_large_holders_check_beside_ordinary_ones_never_beside_each_other(tmp_path: Path) -> None:
-    """An evaluation large in memory checks correctness beside ordinary ones, but a second large one waits for it,
-    and it keeps its hold through a compilation: no timing runs while its memory is taken."""
+    """An evaluation large in memory that cannot pair checks correctness beside ordinary ones, but another large one
+    waits for it, and it keeps its hold through a compilation: no timing runs while its memory is taken."""
     big, other_big, small, timer = (_gate(tmp_path, n) for n in ("big", "big2", "s", "t"))
     events: list[str] = []
     synced: list[int] = []
-    with big.large():
+    with big.large(paired=False):
         with small.shared():  # an ordinary check at the same time: no wait
             events.append("small")
-        second = _try(other_big.large, events, "big2")
+        second = _try(lambda: other_big.large(paired=True), events, "big2")
         big.pause(lambda: synced.append(1))  # compiling: the hold is kept
         writer = _try(timer.exclusive, events, "timing")
         time.sleep(0.3)
@@ -142,10 +142,41 @@ def test_large_holders_check_beside_ordinary_ones_never_beside_each_other(tmp_pa
     assert sorted(events[1:]) == ["big2", "timing"] and not WAITING["big2"] and not WAITING["t"]
 
 
-def test_the_gate_counts_its_waits_and_what_it_held_alone_or_as_the_large_one(tmp_path: Path) -> None:
+def test_two_large_holders_that_fit_pair_and_one_that_does_not_waits_for_both(tmp_path: Path) -> None:
+    """Two large evaluations whose phases each fit a pair's share check at once; one that does not fit waits for
+    both slots, and a paired one that comes after it waits behind it (the turnstile), though a slot is free."""
+    first, second, whole, late = (_gate(tmp_path, n) for n in ("p1", "p2", "whole", "late"))
+    events: list[str] = []
+    release_second = threading.Event()
+
+    def second_holds() -> None:
+        with second.large(paired=True):
+            events.append("p2")
+            release_second.wait(5)
+
+    with first.large(paired=True):
+        holder = threading.Thread(target=second_holds)
+        holder.start()
+        time.sleep(0.3)
+        assert events == ["p2"]  # beside the first: no wait
+        waiting_whole = _try(lambda: whole.large(paired=False), events, "whole")
+        time.sleep(0.3)
+        waiting_late = _try(lambda: late.large(paired=True), events, "late")
+        time.sleep(0.3)
+        assert events == ["p2"] and WAITING["whole"] and WAITING["late"]
+        release_second.set()
+        holder.join(5)
+        time.sleep(0.3)
+        assert events == ["p2"]  # a slot is free, but the whole one waits for both and the late one behind it
+    waiting_whole.join(5)
+    waiting_late.join(5)
+    assert events == ["p2", "whole", "late"] and not WAITING["whole"] and not WAITING["late"]
+
+
+def test_the_gate_counts_its_waits_and_what_it_held_alone_large_or_paired(tmp_path: Path) -> None:
     """A run's rate is bounded by what the gate runs one at a time: each gate counts the seconds its holder waited,
-    held the GPU alone (timing, profile) and held it as the one large evaluation; ordinary shared holds overlap
-    others' and are not counted."""
+    held the GPU alone (timing, profile), held it as the one large evaluation or as one of a pair; ordinary shared
+    holds overlap others' and are not counted."""
     reader, timer, big = (_gate(tmp_path, n) for n in ("r", "t", "big"))
     with reader.shared():
         writer = _try(timer.exclusive, [], "timing")
@@ -155,25 +186,46 @@ def test_the_gate_counts_its_waits_and_what_it_held_alone_or_as_the_large_one(tm
         time.sleep(0.3)
     writer.join(5)
     assert 0.25 <= timer.spent["wait"] < 5 and reader.spent == {"wait": pytest.approx(0, abs=0.05), "alone": 0.0,
-                                                                 "large": 0.0}
+                                                                 "large": 0.0, "paired": 0.0}
     waited = timer.spent["wait"]
     with timer.exclusive():
         time.sleep(0.2)
     assert 0.2 <= timer.spent["alone"] < 2 and timer.spent["wait"] == pytest.approx(waited, abs=0.05)
-    with big.large():
+    with big.large(paired=False):
         time.sleep(0.2)
-    assert 0.2 <= big.spent["large"] < 2 and big.spent["alone"] == 0.0
+    assert 0.2 <= big.spent["large"] < 2 and big.spent["alone"] == 0.0 and big.spent["paired"] == 0.0
+    with big.large(paired=True):
+        time.sleep(0.2)
+    assert 0.2 <= big.spent["paired"] < 2 and big.spent["large"] < 2
 
 
-@pytest.mark.parametrize("large", [True, False])
-def test_a_large_evaluation_holds_the_gpu_once_for_all_its_trials(tmp_path: Path, large: bool,
+def _judge(tmp_path: Path, trials: int = 4) -> Judge:
+    request, _ = example("2_relu", "2_relu__triton", check_hacks=False, correctness_trials=trials)
+    link = SimpleNamespace(findings=guards.Findings())
+    return Judge(request, tmp_path, torch.device("cpu"), _gate(tmp_path, "j"), link)  # type: ignore[arg-type]
+
+
+def _free_slots(tmp_path: Path) -> int:
+    """How many large slots another evaluation could take now."""
+    free = 0
+    for slot in _gate(tmp_path, "other")._slots:
+        try:
+            fcntl.flock(slot, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            continue
+        fcntl.flock(slot, fcntl.LOCK_UN)
+        free += 1
+    return free
+
+
+@pytest.mark.parametrize(("large", "pairs"), [(True, False), (True, True), (False, False)])
+def test_a_large_evaluation_holds_the_gpu_once_for_all_its_trials(tmp_path: Path, large: bool, pairs: bool,
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     """A large evaluation keeps its hold (and so both processes their memory) from its first correctness trial to
-    its last, with no other large evaluation's trial in between; an ordinary one holds the gate trial by trial."""
-    request, _ = example("2_relu", "2_relu__triton", check_hacks=False, correctness_trials=4)
-    link = SimpleNamespace(findings=guards.Findings())
-    judge = Judge(request, tmp_path, torch.device("cpu"), _gate(tmp_path, "j"), link)  # type: ignore[arg-type]
-    judge.large = large
+    its last, with no other large evaluation's trial in between, or only a paired one's where it pairs; an ordinary
+    one holds the gate trial by trial."""
+    judge = _judge(tmp_path)
+    judge.large, judge.pairs = large, pairs
     holds: list[str] = []
     gated = judge._gated
 
@@ -184,15 +236,122 @@ def test_a_large_evaluation_holds_the_gpu_once_for_all_its_trials(tmp_path: Path
             yield
 
     def trial(*args: object) -> None:
-        if large:  # another large evaluation is shut out during every trial
-            with pytest.raises(BlockingIOError):
-                fcntl.flock(_gate(tmp_path, "other")._large, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        assert _free_slots(tmp_path) == (1 if pairs else 0 if large else 2)
         holds.append("trial")
 
     monkeypatch.setattr(judge, "_gated", counted)
     monkeypatch.setattr(judge, "_correctness_trial", trial)
     judge.check_correctness(None)  # type: ignore[arg-type]
     assert holds == (["hold correctness"] + ["trial"] * 4 if large else ["hold correctness", "trial"] * 4)
+
+
+OUT_OF_MEMORY = Failure(Status.RUNTIME_ERROR, "OutOfMemoryError",
+                        "CUDA out of memory. Tried to allocate 6.00 GiB. GPU 0 has a total capacity of 79.19 GiB")
+
+
+@pytest.mark.parametrize("large", [True, False])
+def test_memory_running_out_beside_others_is_checked_again_alone(tmp_path: Path, large: bool,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """Out of memory in a correctness trial while the GPU was shared may be another evaluation's doing: the phase is
+    checked again from its first trial, holding the GPU exclusively (no other evaluation's checks, large or not),
+    and that attempt decides; what the first attempt noted is said once."""
+    judge = _judge(tmp_path, trials=3)
+    judge.large = judge.pairs = large
+    timer = _gate(tmp_path, "t")
+    calls: list[tuple[int, bool]] = []
+
+    def trial(reference: object, index: int, *args: object) -> None:
+        alone = not _can_take(timer.shared)
+        calls.append((index, alone))
+        judge.notes.append(f"noted in trial {index}")
+        if calls == [(0, False), (1, False)][: len(calls)] and index == 1:
+            raise OUT_OF_MEMORY
+
+    monkeypatch.setattr(judge, "_correctness_trial", trial)
+    judge.check_correctness(None)  # type: ignore[arg-type]
+    assert calls == [(0, False), (1, False), (0, True), (1, True), (2, True)]
+    assert judge.notes[0].startswith("correctness: the GPU's memory ran out beside other evaluations (CUDA out of")
+    assert judge.notes[1:] == [f"noted in trial {i}" for i in range(3)]
+
+
+def _can_take(hold) -> bool:  # type: ignore[no-untyped-def]
+    """Whether another evaluation could take this hold now (tried from a thread, given up after a moment)."""
+    taken = threading.Event()
+
+    def take() -> None:
+        with hold():
+            taken.set()
+
+    thread = threading.Thread(target=take, daemon=True)
+    thread.start()
+    return taken.wait(0.3)
+
+
+@pytest.mark.parametrize("failure", [
+    OUT_OF_MEMORY,  # alone too: the candidate's own
+    Failure(Status.INCORRECT, "Mismatch", "trial 0 (eval): 12 of 4096 elements differ"),  # not a matter of memory
+])
+def test_only_memory_running_out_beside_others_is_checked_again(tmp_path: Path, failure: Failure,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """Checked again alone, memory that runs out again is the candidate's: that is the verdict; any other failure is
+    the verdict at once."""
+    judge = _judge(tmp_path, trials=2)
+    attempts: list[int] = []
+
+    def trial(reference: object, index: int, *args: object) -> None:
+        attempts.append(index)
+        raise failure
+
+    monkeypatch.setattr(judge, "_correctness_trial", trial)
+    with pytest.raises(Failure) as raised:
+        judge.check_correctness(None)  # type: ignore[arg-type]
+    assert raised.value is failure
+    assert attempts == ([0, 0] if failure.kind == "OutOfMemoryError" else [0])
+
+
+def test_without_a_gate_an_evaluation_has_the_gpu_alone_and_is_not_checked_again(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    request, _ = example("2_relu", "2_relu__triton", check_hacks=False, correctness_trials=2)
+    judge = Judge(request, tmp_path, torch.device("cpu"), None, SimpleNamespace(findings=guards.Findings()))
+    attempts: list[int] = []
+
+    def trial(reference: object, index: int, *args: object) -> None:
+        attempts.append(index)
+        raise OUT_OF_MEMORY
+
+    monkeypatch.setattr(judge, "_correctness_trial", trial)
+    with pytest.raises(Failure):
+        judge.check_correctness(None)  # type: ignore[arg-type]
+    assert attempts == [0]
+
+
+GIB = 2**30
+H100 = 79.19 * GIB
+
+
+@pytest.mark.parametrize(("inputs", "outputs", "large", "pairs"), [
+    (0.25 * GIB, 0.25 * GIB, False, False),  # 88_MinGPTNewGelu: ordinary
+    (6 * GIB, 6 * GIB, True, True),  # 19_ReLU: measured 36.5 GiB at 1/16 of the GPU for float64, about 32.8 now
+    (8 * GIB, 0.002 * GIB, True, True),  # 47_Sum_reduction: measured 28.4 GiB
+    (7 * GIB, 7 * GIB, True, False),  # 36_RMSNorm_: measured 41.4 GiB, about 37.8 now: one at a time
+    (6 * GIB, None, True, False),  # outputs unknown: not beside another
+    (None, None, True, False),  # inputs unknown: large, alone
+])
+def test_which_evaluations_are_large_and_which_pair(inputs: int | None, outputs: int | None, large: bool,
+                                                   pairs: bool) -> None:
+    assert memory_class(inputs, outputs, int(H100)) == (large, pairs)
+
+
+def test_a_references_sizes_come_from_the_meta_device() -> None:
+    """Inputs and outputs sized without allocating them (6 GiB each here); None for what meta cannot run."""
+    module = SimpleNamespace(
+        get_inputs=lambda: [torch.rand(4096, 393216)], get_init_inputs=lambda: [],
+        Model=lambda: (lambda x: torch.relu(x)))
+    assert sizes_on_meta(module) == (6 * GIB, 6 * GIB)
+    module.Model = lambda: (lambda x: x.sum().item())  # .item() has no value on meta
+    assert sizes_on_meta(module) == (6 * GIB, None)
+    module.get_inputs = lambda: [torch.rand(2).max().item()]
+    assert sizes_on_meta(module) == (None, None)
 
 
 @pytest.mark.slow

@@ -126,8 +126,8 @@ def test_a_batch_slice_stands_for_the_whole_only_where_rows_are_separate() -> No
 
 
 def test_a_large_evaluation_measures_precision_within_a_smaller_share_of_the_gpu(tmp_path, monkeypatch) -> None:
-    """A large evaluation's inputs and reference outputs already hold several GiB: its float64 trial gets a sixteenth
-    of the GPU (a slice of the batch beyond it), where an ordinary one keeps a quarter."""
+    """A large evaluation's inputs and reference outputs already hold several GiB: its float64 trial gets a
+    sixty-fourth of the GPU (a slice of the batch beyond it), where an ordinary one keeps a quarter."""
     from types import SimpleNamespace
 
     from drkernel.sandbox.guards import Findings
@@ -135,15 +135,15 @@ def test_a_large_evaluation_measures_precision_within_a_smaller_share_of_the_gpu
 
     h100 = int(79.2 * 2**30)  # an H100's total_memory, about
     assert precision_budget(h100, large=False) == SHARE_OF_MEMORY * h100 == 0.25 * h100  # unchanged
-    assert precision_budget(h100, large=True) == LARGE_PRECISION_SHARE * h100 == h100 / 16
-    assert 4.9 < precision_budget(h100, large=True) / 2**30 < 5.0
+    assert precision_budget(h100, large=True) == LARGE_PRECISION_SHARE * h100 == h100 / 64
+    assert 1.2 < precision_budget(h100, large=True) / 2**30 < 1.3
 
     model = torch.nn.Softmax(dim=-1)
     x = torch.randn(64, 32)
     needed = 2 * 8 * (x.numel() + x.numel())  # float64 copies of the input and the output, and headroom
-    gpu = SimpleNamespace(total_memory=4 * needed)  # a quarter of it fits the whole, a sixteenth does not
+    gpu = SimpleNamespace(total_memory=4 * needed)  # a quarter of it fits the whole, a sixty-fourth does not
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device=None: gpu)
-    for large, rows in ((False, None), (True, 16)):
+    for large, rows in ((False, None), (True, 4)):
         judge = Judge(None, tmp_path, torch.device("cuda"), None, SimpleNamespace(findings=Findings()))
         judge.large = large
         reference = Reference(model, model, lambda: [x], [], torch.device("cpu"))

@@ -13,11 +13,14 @@ lets the lock go for the compilation (`pause`, after the work already queued is 
 timing can run meanwhile, and takes it again before the kernel launches (`resume`).
 
 An evaluation whose trials need a large part of the GPU's memory (`large`) shares the GPU with others' ordinary
-checks, but with no other large one (a third file, held exclusively), and keeps its hold while it compiles: its
-memory then never meets another large evaluation's, nor a timing's (out-of-memory failures measured on an H100).
+checks, and keeps its hold while it compiles: its memory then never meets a timing's (out-of-memory failures measured
+on an H100). Large evaluations take slots (LARGE_SLOTS files, held exclusively): one whose phase fits within a pair's
+share of the memory (the judge's estimate) takes one and checks beside one other such; any other takes them all. A
+turnstile before the slots keeps their order: one that waits for every slot is not passed by those that need one.
 
-Each gate keeps account (`spent`) of the seconds its holder waited for the GPU and held it alone or as the large
-one: the phases others must wait for, from which a run's rate is bounded.
+Each gate keeps account (`spent`) of the seconds its holder waited for the GPU, held it alone, held it as the one
+large evaluation (`large`) or as one of a pair (`paired`): the phases others must wait for, from which a run's rate
+is bounded.
 """
 
 from __future__ import annotations
@@ -31,6 +34,8 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 GATE_FILE = "gate"  # in an evaluation's working directory: the path of its GPU's lock file, written by the supervisor
+LARGE_SLOTS = 2  # large evaluations that may check correctness at once, when each fits within a pair's share
+SLOT_POLL_S = 0.01  # how often one waiting for any free slot looks again (flock cannot wait for one of several)
 
 
 class DeviceGate:
@@ -38,12 +43,14 @@ class DeviceGate:
         self.path = Path(lock_path)
         self._lock = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o600)
         self._turnstile = os.open(f"{lock_path}.turnstile", os.O_RDWR | os.O_CREAT, 0o600)
-        self._large = os.open(f"{lock_path}.large", os.O_RDWR | os.O_CREAT, 0o600)
+        self._slots = [os.open(f"{lock_path}.large{i}", os.O_RDWR | os.O_CREAT, 0o600) for i in range(LARGE_SLOTS)]
+        self._slot_turnstile = os.open(f"{lock_path}.large-turnstile", os.O_RDWR | os.O_CREAT, 0o600)
         self._on_wait = on_wait  # told True when a wait for the lock begins, False when it ends
         self._yielding: int | None = None  # the mode of a hold that is let go while Triton compiles
         self._compiling = False
-        # Seconds blocked at the gate, holding it exclusively, holding the large lock (shared holds overlap others').
-        self.spent = {"wait": 0.0, "alone": 0.0, "large": 0.0}
+        # Seconds blocked at the gate, holding it exclusively, holding every large slot, holding one of them (shared
+        # holds overlap others', and a paired one may overlap one other's).
+        self.spent = {"wait": 0.0, "alone": 0.0, "large": 0.0, "paired": 0.0}
 
     @classmethod
     def for_workdir(cls, workdir: Path, on_wait: Callable[[bool], None]) -> DeviceGate | None:
@@ -60,19 +67,41 @@ class DeviceGate:
         return self._hold(fcntl.LOCK_EX, yield_to_compile=False)
 
     @contextmanager
-    def large(self) -> Iterator[None]:
-        """Checks of an evaluation large in memory: beside others' ordinary checks, one large at a time, the hold
-        kept while compiling."""
-        self._waiting(lambda: fcntl.flock(self._large, fcntl.LOCK_EX))
+    def large(self, paired: bool) -> Iterator[None]:
+        """Checks of an evaluation large in memory: beside others' ordinary checks and, `paired`, beside one other
+        large evaluation that fits a pair's share too (one slot; otherwise every slot), the hold kept while
+        compiling."""
+        taken: list[int] = []
+        self._waiting(lambda: taken.extend(self._take_slots(paired)))
         try:
             with self._hold(fcntl.LOCK_SH, yield_to_compile=False):
                 held = time.perf_counter()  # from the GPU taken (not the wait for others' timing) to its release
                 try:
                     yield
                 finally:
-                    self.spent["large"] += time.perf_counter() - held
+                    self.spent["paired" if paired else "large"] += time.perf_counter() - held
         finally:
-            fcntl.flock(self._large, fcntl.LOCK_UN)
+            for slot in taken:
+                fcntl.flock(slot, fcntl.LOCK_UN)
+
+    def _take_slots(self, paired: bool) -> list[int]:
+        """Through the slots' turnstile: the first large slot that is free (`paired`), or all of them in order."""
+        fcntl.flock(self._slot_turnstile, fcntl.LOCK_EX)
+        try:
+            if not paired:
+                for slot in self._slots:
+                    fcntl.flock(slot, fcntl.LOCK_EX)
+                return list(self._slots)
+            while True:
+                for slot in self._slots:
+                    try:
+                        fcntl.flock(slot, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                        return [slot]
+                    except BlockingIOError:
+                        continue
+                time.sleep(SLOT_POLL_S)
+        finally:
+            fcntl.flock(self._slot_turnstile, fcntl.LOCK_UN)
 
     @contextmanager
     def _hold(self, mode: int, yield_to_compile: bool) -> Iterator[None]:

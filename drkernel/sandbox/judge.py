@@ -50,8 +50,13 @@ WALL_FACTOR, WALL_MARGIN_MS = 1.5, 1.0
 SHARE_OF_MEMORY = 0.25  # of the GPU's memory, at most, for one evaluation's trials beside others' (3 at once)
 # Of the GPU's memory, at most, for a large evaluation's float64 precision trial: its inputs and the reference's
 # outputs already hold several GiB, and a slice of the batch's rows measures the same rule (the judge of a 6 GiB
-# problem held 44-46 GiB in its correctness phase on an H100 at SHARE_OF_MEMORY, 29-36 at this; docs/benchmarks.md).
-LARGE_PRECISION_SHARE = 1 / 16
+# problem held 44-46 GiB in its correctness phase on an H100 at SHARE_OF_MEMORY, 22.9 at 1/16; docs/benchmarks.md).
+LARGE_PRECISION_SHARE = 1 / 64
+# A large evaluation's correctness phase, both processes, measured on an H100 (docs/benchmarks.md, the twenty-second
+# session): 3 x its inputs (the judge's, their shared copy, the subject's), 2 x the outputs (the reference's, the
+# candidate's), the float64 allowance and at most this much more.
+LARGE_PHASE_HEADROOM = 1.5 * 2**30
+PAIR_SHARE_OF_MEMORY = 0.42  # of the GPU's memory, at most, for each of two large evaluations' phases at once
 DEGENERACY_SAMPLE = 1 << 20  # elements of the reference's output kept to judge whether the task is degenerate
 STDERR_TAIL = 3000
 STDERR_CAUSE = re.compile(  # lines worth keeping: C++ and CUDA errors, Python's, the C library's heap checks
@@ -385,6 +390,7 @@ class Reference:
     get_inputs: Callable[[], Any]
     init_inputs: list[Any]
     device: torch.device
+    sizes: tuple[int | None, int | None] = (None, None)  # bytes of its inputs and outputs (`sizes_on_meta`)
     _exact: torch.nn.Module | None = None  # the float64 copy, made when first needed
 
     def inputs(self, seed: int) -> list[Any]:
@@ -461,7 +467,8 @@ class Judge:
         self.request, self.workdir, self.device, self.gate, self.link = request, workdir, device, gate, link
         self.findings = link.findings
         self.notes: list[str] = []
-        self.large = False  # its trials take a large part of the GPU's memory: never beside another large one
+        self.large = False  # its trials take a large part of the GPU's memory (`memory_class`)
+        self.pairs = False  # large, and its correctness phase fits beside one other large evaluation's
         self.report: CorrectnessReport | None = None  # kept when a trial fails: the result says how far it got
         self.memory_gib: dict[str, float] = {}  # "PHASE_judge", "PHASE_subject": see `_memory_of`
         self._rng = random.Random(secrets.randbits(64))  # trial seeds and checked calls: nobody else learns them
@@ -486,20 +493,19 @@ class Judge:
             raise Failure(Status.INVALID, "ReferenceError", f"the reference is unusable: {exc}",
                           trimmed_traceback(exc, self.workdir))
         call = torch.compile(model) if self.options.reference_mode == "compile" else model
+        shared = self.gate is not None and self.device.type == "cuda"  # its memory is weighed (check_memory_share)
         return Reference(model=model, call=call, get_inputs=module.get_inputs, init_inputs=init_inputs,
-                         device=self.device)
+                         device=self.device, sizes=sizes_on_meta(module) if shared else (None, None))
 
     def check_memory_share(self, reference: Reference) -> None:
         """Several evaluations check correctness at once: one whose trials need more than a share of the GPU's memory
-        (inputs, the copy the judge shares, the subject's own copy and two outputs, from get_inputs on the meta
-        device) is large: it checks beside ordinary evaluations but no other large one, and keeps the GPU while the
-        subject compiles (its memory, held through a compilation, left no room for another's timing: out-of-memory
-        failures measured on an H100)."""
+        is large (`memory_class`): it checks beside ordinary evaluations, beside one other large one only where both
+        phases fit (`pairs`), and keeps the GPU while the subject compiles (its memory, held through a compilation,
+        left no room for another's timing: out-of-memory failures measured on an H100)."""
         if self.gate is None or self.device.type != "cuda":
             return
-        inputs = input_bytes(reference.get_inputs)  # None, sizes unknown: do not risk another evaluation's memory
-        limit = torch.cuda.get_device_properties(self.device).total_memory * SHARE_OF_MEMORY
-        self.large = inputs is None or 5 * inputs > limit
+        total = torch.cuda.get_device_properties(self.device).total_memory
+        self.large, self.pairs = memory_class(*reference.sizes, total)
 
     def load_candidate(self, reference: Reference) -> None:
         reply, _ = self.link.ask("load", {"init_inputs": reference.init_inputs}, candidate=self.request.candidate,
@@ -510,6 +516,23 @@ class Judge:
     # -- correctness -----------------------------------------------------------------------------------------
 
     def check_correctness(self, reference: Reference) -> CorrectnessReport:
+        """The correctness trials. Beside other evaluations, the GPU's memory running out may be their doing as much
+        as the candidate's: then the phase is checked again holding the GPU alone, and that attempt's verdict
+        stands."""
+        if self.gate is None:
+            return self._check_correctness(reference, alone=False)
+        kept = len(self.notes)
+        try:
+            return self._check_correctness(reference, alone=False)
+        except (Failure, torch.OutOfMemoryError, torch.AcceleratorError) as exc:
+            if not out_of_memory(exc):
+                raise
+            del self.notes[kept:]  # the second attempt says again what it finds
+            self.notes.append(f"correctness: the GPU's memory ran out beside other evaluations ("
+                              f"{(exc.message if isinstance(exc, Failure) else str(exc))[:200]}): checked again alone")
+        return self._check_correctness(reference, alone=True)
+
+    def _check_correctness(self, reference: Reference, alone: bool) -> CorrectnessReport:
         opts = self.options
         trials = max(opts.correctness_trials, len(MODES) if opts.check_hacks else 0)
         report = self.report = CorrectnessReport(Correctness(trials=trials))
@@ -517,10 +540,11 @@ class Judge:
         ref_samples: list[torch.Tensor] = []
         started = time.perf_counter()
         # A large evaluation holds the GPU once for all its trials: both processes keep their memory from trial to
-        # trial instead of giving back and allocating again several GB each, and no other large evaluation's trials
-        # come in between. Ordinary ones hold it trial by trial, letting others' timing in between.
-        checks = functools.partial(self.sharing_gpu, "correctness")
-        whole, per_trial = (checks, contextlib.nullcontext) if self.large else (contextlib.nullcontext, checks)
+        # trial instead of giving back and allocating again several GB each, and no large evaluation's trials but a
+        # paired one's come in between. Ordinary ones hold it trial by trial, letting others' timing in between; one
+        # checked again alone holds it once, exclusively.
+        checks = functools.partial(self.owning_gpu if alone else self.sharing_gpu, "correctness")
+        whole, per_trial = (checks, contextlib.nullcontext) if self.large or alone else (contextlib.nullcontext, checks)
         with whole():
             for trial in range(trials):
                 with per_trial():
@@ -868,7 +892,7 @@ class Judge:
 
     def sharing_gpu(self, phase: str) -> contextlib.AbstractContextManager[None]:
         """Work that may run beside other evaluations' correctness checks, never beside their timing."""
-        return self._gated(phase, lambda gate: gate.large() if self.large else gate.shared())
+        return self._gated(phase, lambda gate: gate.large(self.pairs) if self.large else gate.shared())
 
     def owning_gpu(self, phase: str) -> contextlib.AbstractContextManager[None]:
         """Timing and profiling: no other evaluation's kernels run meanwhile."""
@@ -924,6 +948,25 @@ def gives_back(large: bool, judge_bytes: int, subject_bytes: int) -> bool:
     lock for the whole host (`rmapiLockAcquire`), where the threads of several GPUs' evaluations were found waiting
     (docs/benchmarks.md, "Where the host waits")."""
     return large or max(judge_bytes, subject_bytes) > KEEP_CACHED_BYTES
+
+
+def memory_class(inputs: int | None, outputs: int | None, total_memory: int) -> tuple[bool, bool]:
+    """Whether an evaluation with `inputs` and `outputs` bytes (None: unknown) is large on a GPU of `total_memory`
+    bytes (its trials' five copies of the inputs would pass SHARE_OF_MEMORY; unknown inputs count as large), and
+    whether, large, its correctness phase as measured (LARGE_PHASE_HEADROOM) fits PAIR_SHARE_OF_MEMORY (unknown sizes
+    do not: they would risk the other one's memory)."""
+    large = inputs is None or 5 * inputs > SHARE_OF_MEMORY * total_memory
+    if not large or inputs is None or outputs is None:
+        return large, False
+    phase = 3 * inputs + 2 * outputs + precision_budget(total_memory, True) + LARGE_PHASE_HEADROOM
+    return True, phase <= PAIR_SHARE_OF_MEMORY * total_memory
+
+
+def out_of_memory(exc: BaseException) -> bool:
+    """Whether a failure is the GPU's memory running out (an allocation of the candidate's or the judge's, a mapping):
+    torch's error, or a failure whose message says so (the subject's, the reference's inputs)."""
+    text = exc.message if isinstance(exc, Failure) else str(exc)
+    return isinstance(exc, torch.OutOfMemoryError) or "out of memory" in text.lower()
 
 
 def precision_budget(total_memory: int, large: bool) -> float:
@@ -999,15 +1042,20 @@ def harness_failure(exc: BaseException, workdir: Path) -> Failure:
     return Failure(Status.RUNTIME_ERROR, type(exc).__name__, f"evaluation failed: {exc}", tb)
 
 
-def input_bytes(get_inputs: Callable[[], Any]) -> int | None:
-    """Bytes of the tensors `get_inputs` makes, sized on the meta device (nothing is allocated); None when that
-    cannot be known without running it for real."""
+def sizes_on_meta(module: Any) -> tuple[int | None, int | None]:
+    """Bytes of the tensors the reference's `get_inputs` makes and of its outputs for them, from a model built and run
+    on the meta device (nothing is allocated); None for what cannot be known without running it for real."""
     try:
         with torch.device("meta"):
-            values = get_inputs()
+            inputs = module.get_inputs()
     except Exception:
-        return None
-    return sum(v.numel() * v.element_size() for v in values if isinstance(v, torch.Tensor))
+        return None, None
+    try:
+        with torch.device("meta"), torch.no_grad():
+            outputs = module.Model(*module.get_init_inputs())(*inputs)
+    except Exception:
+        outputs = None
+    return correctness.tensor_bytes(inputs), None if outputs is None else correctness.tensor_bytes(outputs)
 
 
 def warm_up(device: torch.device) -> None:
