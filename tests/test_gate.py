@@ -4,6 +4,7 @@ and an evaluation waiting for the GPU is not timed out for it."""
 from __future__ import annotations
 
 import fcntl
+import functools
 import threading
 import time
 from contextlib import contextmanager
@@ -243,6 +244,28 @@ def test_a_large_evaluation_holds_the_gpu_once_for_all_its_trials(tmp_path: Path
     monkeypatch.setattr(judge, "_correctness_trial", trial)
     judge.check_correctness(None)  # type: ignore[arg-type]
     assert holds == (["hold correctness"] + ["trial"] * 4 if large else ["hold correctness", "trial"] * 4)
+
+
+@pytest.mark.parametrize("pairs", [True, False])
+def test_a_large_evaluations_ablation_is_never_paired(tmp_path: Path, pairs: bool,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ablation holds three outputs in both processes (54 GiB for a 6 GiB problem on an H100): a large evaluation
+    ablates with every large slot, paired or not; memory running out beside others' checks runs it again alone."""
+    judge = _judge(tmp_path)
+    judge.large, judge.pairs = True, pairs
+    timer = _gate(tmp_path, "t")
+    seen: list[tuple[int, bool]] = []
+
+    def ablation(reference: object) -> None:
+        seen.append((_free_slots(tmp_path), not _can_take(timer.shared)))
+        if len(seen) == 1:
+            raise OUT_OF_MEMORY
+
+    monkeypatch.setattr(judge, "_ablate", ablation)
+    judge.beside_others("ablation", functools.partial(judge.ablate, None))
+    assert seen == [(0, False), (2, True)]  # every slot beside ordinary checks; then the GPU alone
+    assert judge.notes == [f"ablation: the GPU's memory ran out beside other evaluations ({OUT_OF_MEMORY.message})"
+                           ": run again alone"]
 
 
 OUT_OF_MEMORY = Failure(Status.RUNTIME_ERROR, "OutOfMemoryError",

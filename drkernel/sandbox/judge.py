@@ -29,7 +29,7 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, TypeVar
 
 import torch
 import triton
@@ -41,6 +41,8 @@ from drkernel.sandbox.subject import MODES, seeded, trimmed_traceback
 from drkernel.schema import (
     Correctness, Environment, EvalOptions, EvalRequest, EvalResult, KernelTime, Precision, Profile, Status, Timing,
 )
+
+T = TypeVar("T")
 
 CHECKED_TIMING_TRIALS = 1  # timed calls, chosen at random, whose outputs are compared in full (all: on a sample)
 TIMED_SAMPLE_ELEMENTS = 4096  # elements per output compared after every other timed call
@@ -516,21 +518,24 @@ class Judge:
     # -- correctness -----------------------------------------------------------------------------------------
 
     def check_correctness(self, reference: Reference) -> CorrectnessReport:
-        """The correctness trials. Beside other evaluations, the GPU's memory running out may be their doing as much
-        as the candidate's: then the phase is checked again holding the GPU alone, and that attempt's verdict
-        stands."""
+        return self.beside_others("correctness", lambda alone: self._check_correctness(reference, alone))
+
+    def beside_others(self, phase: str, work: Callable[[bool], T]) -> T:
+        """`work(alone)`, a phase that shares the GPU (alone=False). Beside other evaluations, the GPU's memory running
+        out may be their doing as much as the candidate's: then the phase runs again holding the GPU alone, and that
+        attempt's verdict stands."""
         if self.gate is None:
-            return self._check_correctness(reference, alone=False)
+            return work(False)
         kept = len(self.notes)
         try:
-            return self._check_correctness(reference, alone=False)
+            return work(False)
         except (Failure, torch.OutOfMemoryError, torch.AcceleratorError) as exc:
             if not out_of_memory(exc):
                 raise
             del self.notes[kept:]  # the second attempt says again what it finds
-            self.notes.append(f"correctness: the GPU's memory ran out beside other evaluations ("
-                              f"{(exc.message if isinstance(exc, Failure) else str(exc))[:200]}): checked again alone")
-        return self._check_correctness(reference, alone=True)
+            self.notes.append(f"{phase}: the GPU's memory ran out beside other evaluations ("
+                              f"{(exc.message if isinstance(exc, Failure) else str(exc))[:200]}): run again alone")
+        return work(True)
 
     def _check_correctness(self, reference: Reference, alone: bool) -> CorrectnessReport:
         opts = self.options
@@ -543,7 +548,8 @@ class Judge:
         # trial instead of giving back and allocating again several GB each, and no large evaluation's trials but a
         # paired one's come in between. Ordinary ones hold it trial by trial, letting others' timing in between; one
         # checked again alone holds it once, exclusively.
-        checks = functools.partial(self.owning_gpu if alone else self.sharing_gpu, "correctness")
+        checks = functools.partial(self.owning_gpu, "correctness") if alone else functools.partial(
+            self.sharing_gpu, "correctness", paired=self.pairs)
         whole, per_trial = (checks, contextlib.nullcontext) if self.large or alone else (contextlib.nullcontext, checks)
         with whole():
             for trial in range(trials):
@@ -866,9 +872,14 @@ class Judge:
         fits = int((budget - 2 * size_in) // max(1, 2 * size_in + 3 * size_out))
         return max(1, min(PROFILED_CALLS, fits))
 
-    def ablate(self, reference: Reference) -> None:
+    def ablate(self, reference: Reference, alone: bool) -> None:
         """In every mode, on fresh inputs: where poisoning what the own kernels wrote leaves the output unchanged, they
-        were decoys."""
+        were decoys. Beside others' checks, or `alone`; a large evaluation's never beside another large one's (both
+        processes hold three outputs: 54 GiB for a 6 GiB problem on an H100)."""
+        with self.owning_gpu("ablation") if alone else self.sharing_gpu("ablation"):
+            self._ablate(reference)
+
+    def _ablate(self, reference: Reference) -> None:
         for label in MODES:
             reply, payloads = self.link.ask("ablate", {"inputs": reference.inputs(self.secret_seed())}, mode=label)
             normal = self.link.values(reply, payloads, "normal")
@@ -890,9 +901,10 @@ class Judge:
 
     # -- the GPU's gate --------------------------------------------------------------------------------------
 
-    def sharing_gpu(self, phase: str) -> contextlib.AbstractContextManager[None]:
-        """Work that may run beside other evaluations' correctness checks, never beside their timing."""
-        return self._gated(phase, lambda gate: gate.large(self.pairs) if self.large else gate.shared())
+    def sharing_gpu(self, phase: str, paired: bool = False) -> contextlib.AbstractContextManager[None]:
+        """Work that may run beside other evaluations' correctness checks, never beside their timing; a large
+        evaluation's beside another large one's only where `paired`."""
+        return self._gated(phase, lambda gate: gate.large(paired) if self.large else gate.shared())
 
     def owning_gpu(self, phase: str) -> contextlib.AbstractContextManager[None]:
         """Timing and profiling: no other evaluation's kernels run meanwhile."""
@@ -1002,8 +1014,8 @@ def evaluate(request: EvalRequest, workdir: Path, device: torch.device, gate: De
                 if opts.profile:
                     result.profile = _timed(result, "profile", lambda: judge.profile(reference, report))
         if opts.check_hacks:
-            with judge.sharing_gpu("ablation"):
-                _timed(result, "ablation", lambda: judge.ablate(reference))
+            ablate = functools.partial(judge.ablate, reference)
+            _timed(result, "ablation", lambda: judge.beside_others("ablation", ablate))
         link.ask("finish")
     except Failure as caught:
         failure = caught
