@@ -144,6 +144,31 @@ def test_the_spin_follows_the_typical_enqueueing() -> None:
     assert timing.cover_for([100.0]) == timing.COVER_MAX_MS and timing.cover_for([]) == 0.0
 
 
+def test_a_small_calls_tensors_go_round_several_places_in_memory() -> None:
+    """Each timed call of a small call gets its inputs in blocks of their own, and the last PLACEMENTS - 1 calls'
+    tensors stay alive, so that the next call's take other blocks; a large call, or one on the CPU, keeps nothing."""
+    placed = timing.Placements(active=True)
+    args = [torch.arange(6.0), 3]
+    calls = []
+    for _ in range(timing.PLACEMENTS + 2):
+        call = placed.place(args)
+        assert torch.equal(call[0], args[0]) and call[0].data_ptr() != args[0].data_ptr() and call[1] == 3
+        placed.keep(call, torch.zeros(2))
+        calls.append(call)
+    assert placed.held is not None and [kept[0] for kept in placed.held] == calls[-(timing.PLACEMENTS - 1):]
+    idle = timing.Placements(active=False)
+    assert idle.place(args) is args
+    idle.keep(args)
+    idle.reserve(args)
+    assert idle.held is None
+    cuda, meta = torch.device("cuda"), torch.device("meta")
+    small = [torch.empty(1024, 1024, device=meta), torch.empty(1024, 1024, device=meta)]  # 8 MiB
+    large = [torch.empty((16 << 20) + 1, device=meta)]  # over 64 MiB
+    assert timing.Placements.for_call(cuda, small).held is not None
+    assert timing.Placements.for_call(cuda, [large, 1.0]).held is None
+    assert timing.Placements.for_call(torch.device("cpu"), small).held is None
+
+
 def test_timing_summary_and_speedup_interval() -> None:
     samples = timing.Samples(event_ms=[1.0, 2.0, 3.0, 4.0, 100.0])
     stats = timing.summarize(samples, "cpu_wall")

@@ -713,7 +713,7 @@ class Judge:
             """New values for both sides: the reference calls on them here, a copy goes into the subject's buffers
             (the candidate may write its inputs; the reference must not see that)."""
             with part("refill"):
-                args.clear()  # the last values go before the new ones are made: at most one set alive
+                args.clear()  # the last values go before the new ones are made (but a small call's, kept by `placed`)
                 args.extend(reference.inputs(self.secret_seed()))
                 calls.load(args)
                 _sync_for(self.device)()
@@ -727,9 +727,13 @@ class Judge:
             for _ in range(max(1, opts.warmup_trials)):  # at least one: its host time sets the spin
                 refill()
                 with part("warmup"):
-                    host_ms["reference"].append(timer.untimed(reference.call, args)[1])
+                    warm_out, warm_host_ms = timer.untimed(reference.call, args)
+                    host_ms["reference"].append(warm_host_ms)
                     reply = calls.warm()
                     host_ms["candidate"].append(_positive(reply.get("host_ms", 0.0)))
+            placed = timing.Placements.for_call(self.device, [args, warm_out])  # the subject places its own likewise
+            placed.reserve([args, warm_out])
+            del warm_out
             # Each side's spin outlasts its own enqueueing, as seen so far (not the first warm-up: it may compile);
             # the null calls spin as the candidate's calls do.
             spins: dict[str, list[float]] = {"reference": [], "candidate": []}
@@ -769,6 +773,7 @@ class Judge:
                 own_per_call.append(int(reply.get("own", 0)))
                 with part("verify"):
                     self._verify_timed(trial, trial in checked, ref_out, cand_out)
+                placed.keep(list(args), ref_out)
                 del ref_out, cand_out
         if timer.l2_tampered:
             self.findings.add(guards.L2_PERSISTENCE, "persisting-L2 settings changed while the reference was timed: "

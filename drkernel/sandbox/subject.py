@@ -66,6 +66,7 @@ class Subject:
         # maps them once per timing phase (`stage`); else from the values each call brings.
         self.buffers: list[Any] | None = None
         self.timer: timing.CallTimer | None = None
+        self.placed: timing.Placements | None = None  # for one timing phase: where a small call's tensors go round
         # On a GPU, for one timing phase: this process's output buffers, mapped once by the judge; every timed call's
         # outputs are copied into them (drkernel.sandbox.judge.TimedCalls).
         self.out_staging: Any = None
@@ -250,6 +251,10 @@ class Subject:
         self._sync()
         if self.timer is None:
             self.timer = timing.CallTimer(self.device)
+        if self.placed is None:
+            with self._harness_memory():
+                self.placed = timing.Placements.for_call(self.device, [args, out])
+                self.placed.reserve([args, out])
         # The output buffers are made here, from the warm-up's outputs, so that no timed call meets the allocator
         # short of the block they take: made after the first timed call, they left the second to take a segment
         # from the driver while timed (15 of the RL-shaped batch's 1,040 timed calls on an H100).
@@ -258,8 +263,9 @@ class Subject:
     def time(self, header: dict[str, Any], payloads: list[bytearray]) -> dict[str, Any]:
         """One timed call on fresh values in the same input tensors (or, with `null`, the same steps around no call
         at all: the judge calibrates its wall-clock view of this process with it)."""
-        assert self.timer is not None, "the judge warms up before it times"
-        args = self._timed_inputs(header, payloads)
+        assert self.timer is not None and self.placed is not None, "the judge warms up before it times"
+        with self._harness_memory():
+            args = self.placed.place(self._timed_inputs(header, payloads))
         self.timer.cover_ms = float(header["spin_ms"])
         null = bool(header.get("null"))
         self._set_training(False)
@@ -276,6 +282,7 @@ class Subject:
             self.findings.add(guards.L2_PERSISTENCE, "the candidate changed the GPU's persisting-L2 settings (a "
                               "carve-out or an access-policy window): timed calls must meet a flushed cache.")
         handed = {} if null else self._handed_over(header, out)  # the judge's clock stopped at the signal above
+        self.placed.keep(args, out)
         return {"event_ms": event_ms, "host_ms": host_ms, "host_interruptions": self.timer.interruptions,
                 "driver_allocations": self.timer.driver_allocations, "own": len(own), **handed}
 
@@ -332,7 +339,7 @@ class Subject:
     def release(self, header: dict[str, Any], payloads: list[bytearray]) -> dict[str, Any]:
         """The judge lets the GPU go to other evaluations: let the phase's buffers go, and give the memory cached
         back to the driver if the judge says so (`judge.gives_back`)."""
-        self.buffers = self.timer = self.out_staging = self.last_mapped = None
+        self.buffers = self.timer = self.placed = self.out_staging = self.last_mapped = None
         if self.device.type == "cuda":
             torch.cuda.synchronize()
             torch.cuda.ipc_collect()
