@@ -163,7 +163,7 @@ def test_a_small_calls_tensors_go_round_several_places_in_memory() -> None:
     assert idle.held is None
     cuda, meta = torch.device("cuda"), torch.device("meta")
     small = [torch.empty(1024, 1024, device=meta), torch.empty(1024, 1024, device=meta)]  # 8 MiB
-    large = [torch.empty((16 << 20) + 1, device=meta)]  # over 64 MiB
+    large = [torch.empty((8 << 20) + 1, device=meta)]  # over 32 MiB
     assert timing.Placements.for_call(cuda, small).held is not None
     assert timing.Placements.for_call(cuda, [large, 1.0]).held is None
     assert timing.Placements.for_call(torch.device("cpu"), small).held is None

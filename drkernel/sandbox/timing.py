@@ -37,8 +37,8 @@ _RUSAGE_THREAD = getattr(resource, "RUSAGE_THREAD", resource.RUSAGE_SELF)  # Lin
 COVER_FACTOR = 3.0  # the device spin lasts this many times the host's typical enqueueing of a call
 COVER_MARGIN_MS = 0.25  # and this much more: a microsecond kernel's enqueueing varies by more than itself
 COVER_MAX_MS = 20.0  # a call whose host side takes longer than this has its host time counted, as it would in use
-PLACEMENTS = 8  # places in GPU memory a small call's inputs and outputs go round, on each side (`Placements`)
-PLACED_BYTES = 64 << 20  # a call whose inputs and outputs hold at most this much is small
+PLACEMENTS = 16  # places in GPU memory a small call's inputs and outputs go round, on each side (`Placements`)
+PLACED_BYTES = 32 << 20  # a call whose inputs and outputs hold at most this much is small (at most 512 MiB kept)
 SLOW_FACTOR = 2.0  # a timed call slower than this many times the side's fastest, plus SLOW_MARGIN_MS, is a slow one
 SLOW_MARGIN_MS = 0.005
 
@@ -68,11 +68,11 @@ def cover_for(host_ms: list[float]) -> float:
 class Placements:
     """Where a small call's tensors lie in GPU memory sets its time: on an H100, 40 placements of a 4 MiB input and
     its output gave a 7 us kernel medians with a CV of 1.7%, each placement steady to 0.4% (docs/benchmarks.md). With
-    one placement per side and evaluation, the judge's and the subject's, a small task's speedup CV was 2.4-3.1%.
-    Each side keeps the tensors of its last PLACEMENTS - 1 calls alive, so that every call's take other blocks and a
-    median spans PLACEMENTS placements; `reserve` puts those blocks in the allocator's cache before the first timed
-    call, which then never waits for the driver. Larger calls (spread over many pages already) and the CPU keep
-    nothing."""
+    one placement per side and evaluation (the judge's, the subject's), a small task's speedup CV was 2.4-3.1%; going
+    round 8 places, 1.0-2.2% in four runs; 16, 1.3-1.4% in two (46b6c34, one process: 1.1-1.6%). Each side keeps the
+    tensors of its last PLACEMENTS - 1 calls alive, so that every call's take other blocks and a median spans
+    PLACEMENTS placements; `reserve` puts those blocks in the allocator's cache before the first timed call, which then
+    never waits for the driver. Larger calls (spread over many pages already) and the CPU keep nothing."""
 
     def __init__(self, active: bool) -> None:
         self.held: collections.deque[Any] | None = collections.deque(maxlen=PLACEMENTS - 1) if active else None
