@@ -410,7 +410,7 @@ def test_persisting_l2_is_reset_only_when_a_setting_changed(monkeypatch) -> None
 
 
 def test_timed_outputs_are_copied_into_staging_only_when_the_structure_matches() -> None:
-    from drkernel.sandbox.subject import _cloned, _copy_into, _tensors
+    from drkernel.sandbox.subject import _cloned, _copy_into
 
     first = (torch.zeros(2, 3), [torch.ones(4, dtype=torch.int64), 7])
     staging = _cloned(first)
@@ -426,7 +426,8 @@ def test_timed_outputs_are_copied_into_staging_only_when_the_structure_matches()
     # nothing was copied by a failed match, even where its first tensor fitted
     assert torch.equal(staging[0], before[0]) and torch.equal(staging[1][0], before[1])
     # staging is sized and checked (all on the GPU) over every tensor, however deep
-    assert [t.shape for t in _tensors((torch.zeros(1), [torch.zeros(2), (torch.zeros(3), 4)]))] == [(1,), (2,), (3,)]
+    nested = (torch.zeros(1), [torch.zeros(2), (torch.zeros(3), 4)])
+    assert [t.shape for t in correctness.tensors_in(nested)] == [(1,), (2,), (3,)]
 
 
 def test_a_timed_call_s_outputs_die_with_their_last_reference_once_copied_into_staging() -> None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import torch
 
@@ -70,9 +70,18 @@ def flatten_outputs(out: Any) -> list[Any]:
     return [out]
 
 
+def tensors_in(value: Any) -> Iterator[torch.Tensor]:
+    """The tensors in `value`, nested in lists and tuples at any depth."""
+    if isinstance(value, torch.Tensor):
+        yield value
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            yield from tensors_in(item)
+
+
 def tensor_bytes(values: Any) -> int:
-    """The bytes of the tensors among `values` (as `flatten_outputs` gives them)."""
-    return sum(t.numel() * t.element_size() for t in flatten_outputs(values) if isinstance(t, torch.Tensor))
+    """The bytes of the tensors in `values`, however deep (`tensors_in`)."""
+    return sum(t.numel() * t.element_size() for t in tensors_in(values))
 
 
 def compare(

@@ -481,19 +481,10 @@ def _cloned(value: Any) -> Any:
     return value
 
 
-def _tensors(value: Any) -> Iterator[torch.Tensor]:
-    """The tensors in `value`, nested in lists and tuples at any depth."""
-    if isinstance(value, torch.Tensor):
-        yield value
-    elif isinstance(value, (list, tuple)):
-        for item in value:
-            yield from _tensors(item)
-
-
 def _stageable(out: Any) -> bool:
     """Outputs that go to the judge through the output buffers it maps: all on the GPU (a CPU tensor crosses as
     bytes: the judge holds a copy, not a mapping), and not over STAGED_BYTES."""
-    tensors = list(_tensors(out))
+    tensors = list(correctness.tensors_in(out))
     return all(t.is_cuda for t in tensors) and sum(t.numel() * t.element_size() for t in tensors) <= STAGED_BYTES
 
 

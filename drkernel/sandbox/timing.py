@@ -25,6 +25,7 @@ from typing import Any, Callable, Iterator
 import numpy as np
 import torch
 
+from drkernel.sandbox import correctness
 from drkernel.schema import TimingStats
 
 L2_FLUSH_BYTES = 256 * 1024 * 1024  # several times the L2 of any current GPU (H100: 50 MB, H200: 60 MB)
@@ -80,12 +81,12 @@ class Placements:
     @classmethod
     def for_call(cls, device: torch.device, values: Any) -> Placements:
         """Active for a call on a GPU whose inputs and outputs (`values`) are small."""
-        return cls(device.type == "cuda" and _bytes(values) <= PLACED_BYTES)
+        return cls(device.type == "cuda" and correctness.tensor_bytes(values) <= PLACED_BYTES)
 
     def reserve(self, values: Any) -> None:
         """PLACEMENTS copies of the tensors in `values` made and let go: their blocks stay cached."""
         if self.held is not None:
-            made = [torch.empty_like(t) for _ in range(PLACEMENTS) for t in _tensors_in(values)]
+            made = [torch.empty_like(t) for _ in range(PLACEMENTS) for t in correctness.tensors_in(values)]
             del made
 
     def place(self, args: list[Any]) -> list[Any]:
@@ -98,18 +99,6 @@ class Placements:
         """A call's tensors, held through the next PLACEMENTS - 1 calls."""
         if self.held is not None:
             self.held.append(values)
-
-
-def _tensors_in(values: Any) -> Iterator[torch.Tensor]:
-    if isinstance(values, torch.Tensor):
-        yield values
-    elif isinstance(values, (list, tuple)):
-        for value in values:
-            yield from _tensors_in(value)
-
-
-def _bytes(values: Any) -> int:
-    return sum(t.numel() * t.element_size() for t in _tensors_in(values))
 
 
 @contextmanager
