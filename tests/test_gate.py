@@ -3,8 +3,10 @@ and an evaluation waiting for the GPU is not timed out for it."""
 
 from __future__ import annotations
 
+import dataclasses
 import fcntl
 import functools
+import os
 import threading
 import time
 from contextlib import contextmanager
@@ -399,3 +401,47 @@ def test_evaluation_waits_at_the_gate_without_timing_out(tmp_path: Path) -> None
         assert 0 < result.phases_s["gate_alone"] < result.duration_s and result.phases_s["gate_large"] == 0
     finally:
         sandbox.close()
+
+
+# Appended to a correct candidate: its first forward raises CUDA's out-of-memory error, as another evaluation's memory
+# would make it, and every later one computes.
+RUNS_OUT_ONCE = '''
+import torch as _torch
+
+_calls = [0]
+_forward = ModelNew.forward
+
+
+def _runs_out_once(self, *args):
+    _calls[0] += 1
+    if _calls[0] == 1:
+        raise _torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 6.00 GiB (drkernel-test)")
+    return _forward(self, *args)
+
+
+ModelNew.forward = _runs_out_once
+'''
+
+
+@pytest.mark.parametrize("overlap", [2, 1])
+def test_an_evaluation_whose_memory_ran_out_beside_others_is_checked_again_alone(tmp_path: Path,
+                                                                                overlap: int) -> None:
+    """Through the real processes: beside others (a gate), memory that ran out in the first correctness trial is
+    checked again alone and the verdict is the second attempt's, with a note; alone on its device (no gate), it is
+    the candidate's `runtime_error`."""
+    device = os.environ.get("DRKERNEL_TEST_DEVICE", "cpu")
+    request, expected = example("2_relu", "2_relu__triton", device=device, memory_limit_mb=4096)
+    request = dataclasses.replace(request, candidate=request.candidate + RUNS_OUT_ONCE)
+    sandbox = Sandbox(device=device, root=tmp_path, overlap=overlap)
+    try:
+        result = DeviceQueue(sandbox).submit(request).result(120)
+    finally:
+        sandbox.close()
+    again = [n for n in result.notes if "ran out beside other evaluations" in n]
+    if overlap > 1:
+        assert result.status == expected == Status.CORRECT.value, result.error
+        assert again and "(drkernel-test)" in again[0] and again[0].endswith("run again alone")
+        assert result.correctness is not None and result.correctness.passed_trials == result.correctness.trials
+    else:
+        assert result.status == Status.RUNTIME_ERROR.value and not again
+        assert result.error is not None and result.error.kind == "OutOfMemoryError"
