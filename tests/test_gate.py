@@ -432,7 +432,7 @@ def test_an_evaluation_whose_memory_ran_out_beside_others_is_checked_again_alone
     device = os.environ.get("DRKERNEL_TEST_DEVICE", "cpu")
     request, expected = example("2_relu", "2_relu__triton", device=device, memory_limit_mb=4096)
     request = dataclasses.replace(request, candidate=request.candidate + RUNS_OUT_ONCE)
-    sandbox = Sandbox(device=device, root=tmp_path, overlap=overlap)
+    sandbox = Sandbox(device=device, gpu="0" if device == "cuda" else None, root=tmp_path, overlap=overlap)
     try:
         result = DeviceQueue(sandbox).submit(request).result(120)
     finally:
