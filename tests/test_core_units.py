@@ -149,6 +149,8 @@ def test_a_small_calls_tensors_go_round_several_places_in_memory() -> None:
     tensors stay alive, so that the next call's take other blocks; a large call, or one on the CPU, keeps nothing."""
     placed = timing.Placements(active=True)
     args = [torch.arange(6.0), 3]
+    placed.reserve([args, torch.arange(8.0)[2:]])  # a view: its whole storage is reserved; nothing is kept
+    assert placed.held is not None and not placed.held
     calls = []
     for _ in range(timing.PLACEMENTS + 2):
         call = placed.place(args)

@@ -84,9 +84,13 @@ class Placements:
         return cls(device.type == "cuda" and correctness.tensor_bytes(values) <= PLACED_BYTES)
 
     def reserve(self, values: Any) -> None:
-        """PLACEMENTS copies of the tensors in `values` made and let go: their blocks stay cached."""
+        """Blocks for PLACEMENTS + 1 calls' tensors like those in `values` (the whole storage of one that is a view:
+        keeping it keeps that; one more set for the call's own temporaries), made and let go: they stay cached. With
+        PLACEMENTS sets of the tensors themselves, 7 of 4,000 timed calls of the RL-shaped batch took a segment from
+        the driver on an H100, in tasks that reduce."""
         if self.held is not None:
-            made = [torch.empty_like(t) for _ in range(PLACEMENTS) for t in correctness.tensors_in(values)]
+            made = [torch.empty(t.untyped_storage().nbytes(), dtype=torch.uint8, device=t.device)
+                    for _ in range(PLACEMENTS + 1) for t in correctness.tensors_in(values)]
             del made
 
     def place(self, args: list[Any]) -> list[Any]:
