@@ -479,6 +479,11 @@ class Judge:
     def options(self) -> EvalOptions:
         return self.request.options
 
+    @property
+    def weighs_memory(self) -> bool:
+        """Whether its GPU memory is weighed against other evaluations' (`check_memory_share`): on a GPU it shares."""
+        return self.gate is not None and self.device.type == "cuda"
+
     def secret_seed(self) -> int:
         return self._rng.randrange(1 << 31)
 
@@ -495,16 +500,15 @@ class Judge:
             raise Failure(Status.INVALID, "ReferenceError", f"the reference is unusable: {exc}",
                           trimmed_traceback(exc, self.workdir))
         call = torch.compile(model) if self.options.reference_mode == "compile" else model
-        shared = self.gate is not None and self.device.type == "cuda"  # its memory is weighed (check_memory_share)
         return Reference(model=model, call=call, get_inputs=module.get_inputs, init_inputs=init_inputs,
-                         device=self.device, sizes=sizes_on_meta(module) if shared else (None, None))
+                         device=self.device, sizes=sizes_on_meta(module) if self.weighs_memory else (None, None))
 
     def check_memory_share(self, reference: Reference) -> None:
         """Several evaluations check correctness at once: one whose trials need more than a share of the GPU's memory
         is large (`memory_class`): it checks beside ordinary evaluations, beside one other large one only where both
         phases fit (`pairs`), and keeps the GPU while the subject compiles (its memory, held through a compilation,
         left no room for another's timing: out-of-memory failures measured on an H100)."""
-        if self.gate is None or self.device.type != "cuda":
+        if not self.weighs_memory:
             return
         total = torch.cuda.get_device_properties(self.device).total_memory
         self.large, self.pairs = memory_class(*reference.sizes, total)
