@@ -403,60 +403,6 @@ def test_evaluation_waits_at_the_gate_without_timing_out(tmp_path: Path) -> None
         sandbox.close()
 
 
-class _Box:
-    """A sandbox's surface as DeviceQueue uses it, one at a time: each evaluation reports its verdict (twice, as a
-    retried one may), then ends when told; `early` ones wait to be told before their verdict, "fails" raises."""
-
-    overlap = 1
-
-    def __init__(self) -> None:
-        self.events: list[str] = []
-        self.go = {name: threading.Event() for name in ("a", "b", "c", "d", "e")}
-
-    def prepare(self, name: str) -> str:
-        return name
-
-    def finish(self, name: str, on_verdict) -> str:
-        self.events.append(f"start {name}")
-        if name == "fails":
-            raise RuntimeError("the harness failed")
-        if name == "d":
-            self.go[name].wait(10)
-        on_verdict()
-        on_verdict()
-        self.events.append(f"verdict {name}")
-        self.go[name].wait(10)
-        return name
-
-
-def _until(condition, seconds: float = 10.0) -> bool:
-    deadline = time.monotonic() + seconds
-    while not condition() and time.monotonic() < deadline:
-        time.sleep(0.01)
-    return condition()
-
-
-def test_an_evaluation_gives_up_its_place_at_its_verdict_not_its_end() -> None:
-    """The next evaluation starts once the one before has its verdict, while that one's processes still end (their
-    CUDA contexts); a place is given up once, whether by a verdict, an end, or a harness failure."""
-    box = _Box()
-    queue = DeviceQueue(box)  # type: ignore[arg-type]
-    a, b = queue.submit("a"), queue.submit("b")
-    assert _until(lambda: "start b" in box.events) and not a.done()  # a has its verdict, not its end
-    box.go["a"].set(), box.go["b"].set()
-    assert a.result(10) == "a" and b.result(10) == "b"
-    failed, c = queue.submit("fails"), queue.submit("c")
-    with pytest.raises(RuntimeError):
-        failed.result(10)
-    box.go["c"].set()
-    assert c.result(10) == "c"
-    d, e = queue.submit("d"), queue.submit("e")  # one place, not two: e waits for d's verdict
-    time.sleep(0.3)
-    assert "start d" in box.events and "start e" not in box.events
-    box.go["d"].set(), box.go["e"].set()
-    assert d.result(10) == "d" and e.result(10) == "e"
-
-
 # Appended to a correct candidate: its first forward raises CUDA's out-of-memory error, as another evaluation's memory
 # would make it, and every later one computes.
 RUNS_OUT_ONCE = '''

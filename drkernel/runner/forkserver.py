@@ -38,7 +38,6 @@ class JobHandle:
     id: str
     spawned: threading.Event = field(default_factory=threading.Event)
     finished: threading.Event = field(default_factory=threading.Event)
-    news: threading.Event = field(default_factory=threading.Event)  # set on the verdict and on the end: wakes a waiter
     pid: int | None = None
     status: int | None = None  # raw wait status; None when the fork server died first
     # What the judge reported, on a pipe only it holds (never a file the candidate could write):
@@ -57,7 +56,6 @@ def _take_event(job: JobHandle, event: dict[str, Any]) -> None:
         job.started = True
     elif isinstance(event.get("result"), dict):
         job.result, job.result_at = event["result"], time.monotonic()
-        job.news.set()
 
 
 class ForkServerDied(EngineError):
@@ -131,7 +129,6 @@ class ForkServer:
                 with self._lock:
                     self._jobs.pop(job.id, None)
                 job.finished.set()
-                job.news.set()
         proc.wait()
         ready.set()
         with self._lock:  # every job of this server is orphaned: wake its waiters
@@ -142,7 +139,6 @@ class ForkServer:
             job.server_died = True
             job.spawned.set()
             job.finished.set()
-            job.news.set()
 
     def spawn(self, job_id: str, spec: dict[str, Any]) -> JobHandle:
         self.ensure_running()

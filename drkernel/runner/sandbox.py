@@ -23,7 +23,6 @@ import uuid
 from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 from drkernel.errors import EngineError
 from drkernel.sandbox import procfs
@@ -121,9 +120,9 @@ class Sandbox:
     def memory_limit_mb(self, request: EvalRequest) -> int:
         return min(request.options.memory_limit_mb, self.memory_cap_mb)
 
-    def finish(self, prepared: Prepared, on_verdict: Callable[[], None] | None = None) -> EvalResult:
+    def finish(self, prepared: Prepared) -> EvalResult:
         self.start(prepared)
-        return self.collect(prepared, on_verdict)
+        return self.collect(prepared)
 
     def start(self, prepared: Prepared) -> None:
         """Let a prepared evaluation run; its deadline counts from here."""
@@ -133,21 +132,20 @@ class Sandbox:
             signal_file.write_text(repr(time.time()))
             signal_file.rename(prepared.workdir / "go")
 
-    def collect(self, prepared: Prepared, on_verdict: Callable[[], None] | None = None) -> EvalResult:
-        """Wait for a started evaluation and classify how it ended. `on_verdict` is called once the judge has
-        reported (its processes may still be ending: their CUDA contexts take a tenth of a second and more to go)."""
+    def collect(self, prepared: Prepared) -> EvalResult:
+        """Wait for a started evaluation and classify how it ended."""
         try:
             if prepared.failure is not None:
                 return prepared.failure
-            return self._wait(prepared, on_verdict)
+            return self._wait(prepared)
         except _NeverStarted:
             # Its process died while waiting to start, with the fork server (killed by the evaluation before it):
             # none of this request's code has run, so it runs afresh.
-            return self.finish(self.prepare(prepared.request), on_verdict)
+            return self.finish(self.prepare(prepared.request))
         finally:
             shutil.rmtree(prepared.workdir, ignore_errors=True)
 
-    def _wait(self, prepared: Prepared, on_verdict: Callable[[], None] | None) -> EvalResult:
+    def _wait(self, prepared: Prepared) -> EvalResult:
         handle, workdir, options = prepared.handle, prepared.workdir, prepared.request.options
         assert handle is not None and handle.pid is not None and prepared.started_at is not None
         start = prepared.started_at
@@ -155,17 +153,7 @@ class Sandbox:
         limit_bytes = self.memory_limit_mb(prepared.request) << 20
         outcome = "done"
         last = start
-        while not handle.finished.is_set():
-            handle.news.wait(WATCH_INTERVAL_S)
-            handle.news.clear()
-            if handle.result is not None and on_verdict is not None:
-                # The judge has reported: nothing of the evaluation runs on the device any more. Its group is ended
-                # now (the subject, if the judge could not signal it) and whoever waits for the device goes on.
-                procfs.kill_group(handle.pid)
-                on_verdict()
-                on_verdict = None
-            if handle.finished.is_set():
-                break
+        while not handle.finished.wait(WATCH_INTERVAL_S):
             now = time.monotonic()
             if handle.waiting:  # waiting for the GPU while others use it is not the evaluation's time
                 deadline += now - last
@@ -246,22 +234,12 @@ class DeviceQueue:
             threading.Thread(target=self._finish, args=(prepared, done), daemon=True, name="drkernel-eval").start()
 
     def _finish(self, prepared: Prepared, done: Future[EvalResult]) -> None:
-        """One evaluation, its place among those running given up at its verdict: the processes' ending (0.16 s at the
-        median on an H100, their CUDA contexts going) overlaps the next one's work instead of holding its place."""
-        released = False
-
-        def make_way() -> None:
-            nonlocal released
-            if not released:
-                released = True
-                self._running.release()
-
         try:
-            done.set_result(self.sandbox.finish(prepared, make_way))
+            done.set_result(self.sandbox.finish(prepared))
         except BaseException as exc:  # a harness fault, not the candidate's: raised to whoever waits for it
             done.set_exception(exc)
         finally:
-            make_way()
+            self._running.release()
 
 
 def sandbox_root(root: str | Path | None = None) -> Path:
