@@ -28,6 +28,7 @@ import statistics
 import struct
 import sys
 import time
+import traceback
 from pathlib import Path
 from typing import Any
 
@@ -60,20 +61,25 @@ def _lane(device: torch.device, warm: str, until: float, out: int) -> None:
         pid = os.fork()
         if pid == 0:
             os.close(ready_r)
+            code = 1
             try:
                 if device.type == "cuda":
                     torch.cuda.init()
                 WARM[warm](device)
                 os.write(ready_w, struct.pack("d", time.perf_counter()))
+                code = 0
+            except BaseException:
+                traceback.print_exc()
             finally:
-                os._exit(0)
+                os._exit(code)
         os.close(ready_w)
         got = os.read(ready_r, 8)
         os.close(ready_r)
         _, status = os.waitpid(pid, 0)
         reaped = time.perf_counter()
         if len(got) != 8 or status != 0:
-            raise SystemExit(f"process_starts: a started process failed (wait status {status})")
+            print(f"process_starts: a started process failed (wait status {status})", file=sys.stderr, flush=True)
+            os._exit(1)
         os.write(out, RECORD.pack(forked, struct.unpack("d", got)[0], reaped))
     os._exit(0)
 
@@ -90,7 +96,7 @@ def run(device: torch.device, warm: str, lanes: int, seconds: float) -> list[tup
             try:
                 _lane(device, warm, until, write_end)
             finally:
-                os._exit(1)
+                os._exit(1)  # _lane ends the process itself; reached only if it raised
         pids.append(pid)
     os.close(write_end)
     data = bytearray()

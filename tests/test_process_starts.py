@@ -40,3 +40,14 @@ def test_bad_counts_are_refused_and_without_a_gpu_it_says_so(tmp_path, monkeypat
     with pytest.raises(SystemExit, match="no CUDA GPU here"):
         process_starts.main(["--out", str(tmp_path / "out")])
     assert not (tmp_path / "out").exists()
+
+
+def test_a_process_that_cannot_start_fails_the_run_with_its_reason(tmp_path, monkeypatch, capfd):
+    def broken(device):
+        raise RuntimeError("no context for you")
+
+    monkeypatch.setitem(process_starts.WARM, "kernel", broken)
+    with pytest.raises(SystemExit, match="1 of 1 lanes failed"):
+        process_starts.main(["--device", "cpu", "--warm", "kernel", "--lanes", "1", "--seconds", "0.2",
+                             "--out", str(tmp_path)])
+    assert "no context for you" in capfd.readouterr().err
