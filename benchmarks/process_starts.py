@@ -44,6 +44,7 @@ RECORD = struct.Struct("ddd")  # a started process's fork, ready and reaped time
 
 
 def _warm_kernel(device: torch.device) -> None:
+    """A start without the profiler session: the context and a first kernel."""
     if device.type != "cuda":
         return
     torch.ones(1, device=device).add_(1)
