@@ -538,7 +538,7 @@ class Judge:
                 raise
             del self.notes[kept:]  # the second attempt says again what it finds
             self.notes.append(f"{phase}: the GPU's memory ran out beside other evaluations ("
-                              f"{(exc.message if isinstance(exc, Failure) else str(exc))[:200]}): run again alone")
+                              f"{_failure_text(exc)[:200]}): run again alone")
         return work(True)
 
     def _check_correctness(self, reference: Reference, alone: bool) -> CorrectnessReport:
@@ -552,8 +552,7 @@ class Judge:
         # trial instead of giving back and allocating again several GB each, and no large evaluation's trials but a
         # paired one's come in between. Ordinary ones hold it trial by trial, letting others' timing in between; one
         # checked again alone holds it once, exclusively.
-        checks = functools.partial(self.owning_gpu, "correctness") if alone else functools.partial(
-            self.sharing_gpu, "correctness", paired=self.pairs)
+        checks = functools.partial(self.holding_gpu, "correctness", alone, self.pairs)
         whole, per_trial = (checks, contextlib.nullcontext) if self.large or alone else (contextlib.nullcontext, checks)
         with whole():
             for trial in range(trials):
@@ -885,7 +884,7 @@ class Judge:
         """In every mode, on fresh inputs: where poisoning what the own kernels wrote leaves the output unchanged, they
         were decoys. Beside others' checks, or `alone`; a large evaluation's never beside another large one's (both
         processes hold three outputs: 54 GiB for a 6 GiB problem on an H100)."""
-        with self.owning_gpu("ablation") if alone else self.sharing_gpu("ablation"):
+        with self.holding_gpu("ablation", alone):
             self._ablate(reference)
 
     def _ablate(self, reference: Reference) -> None:
@@ -914,6 +913,10 @@ class Judge:
         """Work that may run beside other evaluations' correctness checks, never beside their timing; a large
         evaluation's beside another large one's only where `paired`."""
         return self._gated(phase, lambda gate: gate.large(paired) if self.large else gate.shared())
+
+    def holding_gpu(self, phase: str, alone: bool, paired: bool = False) -> contextlib.AbstractContextManager[None]:
+        """A phase that shares the GPU (`sharing_gpu`), or holds it `alone` when run again (`beside_others`)."""
+        return self.owning_gpu(phase) if alone else self.sharing_gpu(phase, paired)
 
     def owning_gpu(self, phase: str) -> contextlib.AbstractContextManager[None]:
         """Timing and profiling: no other evaluation's kernels run meanwhile."""
@@ -986,8 +989,12 @@ def memory_class(inputs: int | None, outputs: int | None, total_memory: int) -> 
 def out_of_memory(exc: BaseException) -> bool:
     """Whether a failure is the GPU's memory running out (an allocation of the candidate's or the judge's, a mapping):
     torch's error, or a failure whose message says so (the subject's, the reference's inputs)."""
-    text = exc.message if isinstance(exc, Failure) else str(exc)
-    return isinstance(exc, torch.OutOfMemoryError) or "out of memory" in text.lower()
+    return isinstance(exc, torch.OutOfMemoryError) or "out of memory" in _failure_text(exc).lower()
+
+
+def _failure_text(exc: BaseException) -> str:
+    """What a failure says: a Failure's message, any other exception's text."""
+    return exc.message if isinstance(exc, Failure) else str(exc)
 
 
 def precision_budget(total_memory: int, large: bool) -> float:
