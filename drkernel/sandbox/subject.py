@@ -484,8 +484,7 @@ def _cloned(value: Any) -> Any:
 def _stageable(out: Any) -> bool:
     """Outputs that go to the judge through the output buffers it maps: all on the GPU (a CPU tensor crosses as
     bytes: the judge holds a copy, not a mapping), and not over STAGED_BYTES."""
-    tensors = list(correctness.tensors_in(out))
-    return all(t.is_cuda for t in tensors) and sum(t.numel() * t.element_size() for t in tensors) <= STAGED_BYTES
+    return all(t.is_cuda for t in correctness.tensors_in(out)) and correctness.tensor_bytes(out) <= STAGED_BYTES
 
 
 def _copy_into(target: Any, value: Any) -> bool:
