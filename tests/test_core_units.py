@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from drkernel.feedback import relevant_traceback, render
-from drkernel.sandbox import correctness, timing
+from drkernel.sandbox import correctness, guards, timing
 from drkernel.sandbox.profiling import coverage_profile
 from drkernel.sandbox.static_checks import inspect_source
 from drkernel.schema import EvalOptions, EvalRequest, EvalResult, ErrorInfo, Status
@@ -135,6 +135,28 @@ def test_tolerance_overrides_apply() -> None:
     ref = torch.ones(10)
     assert not correctness.compare(ref, ref + 0.05, 0).ok
     assert correctness.compare(ref, ref + 0.05, 0, atol=0.1, rtol=0.0, bound=0.1).ok
+
+
+def test_same_values_compares_chunk_by_chunk_as_it_compares_whole(monkeypatch) -> None:
+    """The check behind decoy kernels and changed inputs: chunked, it says what the whole comparison says (a
+    difference in the last chunk, NaN against NaN, NaN against a number, views, integers, empty tensors)."""
+    monkeypatch.setattr(guards, "SAME_VALUES_CHUNK", 4)
+    a = torch.arange(10, dtype=torch.float32)
+    changed_last = a.clone()
+    changed_last[9] = -1.0
+    with_nan = a.clone()
+    with_nan[5] = float("nan")
+    assert guards._same_values(a, a.clone())
+    assert not guards._same_values(a, changed_last)
+    assert guards._same_values(with_nan, with_nan.clone())
+    assert not guards._same_values(with_nan, a)
+    assert not guards._same_values(a, a.reshape(2, 5))
+    matrix = torch.arange(12.0).reshape(3, 4)
+    assert guards._same_values(matrix.t(), matrix.clone().t())  # views are compared whole
+    assert not guards._same_values(matrix.t(), matrix.t().contiguous() + (torch.arange(12.0).reshape(4, 3) == 11))
+    assert guards._same_values(torch.arange(9), torch.arange(9))
+    assert not guards._same_values(torch.arange(9), torch.arange(9).flip(0))
+    assert guards._same_values(torch.empty(0), torch.empty(0))
 
 
 def test_the_spin_follows_the_typical_enqueueing() -> None:

@@ -249,10 +249,11 @@ def test_a_large_evaluation_holds_the_gpu_once_for_all_its_trials(tmp_path: Path
 
 
 @pytest.mark.parametrize("pairs", [True, False])
-def test_a_large_evaluations_ablation_is_never_paired(tmp_path: Path, pairs: bool,
-                                                      monkeypatch: pytest.MonkeyPatch) -> None:
-    """Ablation holds three outputs in both processes (54 GiB for a 6 GiB problem on an H100): a large evaluation
-    ablates with every large slot, paired or not; memory running out beside others' checks runs it again alone."""
+def test_a_large_evaluations_ablation_pairs_as_its_correctness_does(tmp_path: Path, pairs: bool,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ablation holds no more than the correctness phase's account: a large evaluation ablates with one large slot
+    where its correctness phase pairs, with every slot where it does not; memory running out beside others' checks
+    runs it again alone."""
     judge = _judge(tmp_path)
     judge.large, judge.pairs = True, pairs
     timer = _gate(tmp_path, "t")
@@ -265,7 +266,7 @@ def test_a_large_evaluations_ablation_is_never_paired(tmp_path: Path, pairs: boo
 
     monkeypatch.setattr(judge, "_ablate", ablation)
     judge.beside_others("ablation", functools.partial(judge.ablate, None))
-    assert seen == [(0, False), (2, True)]  # every slot beside ordinary checks; then the GPU alone
+    assert seen == [(1 if pairs else 0, False), (2, True)]  # beside ordinary checks; then the GPU alone
     assert judge.notes == [f"ablation: the GPU's memory ran out beside other evaluations ({OUT_OF_MEMORY.message})"
                            ": run again alone"]
 

@@ -218,12 +218,15 @@ def test_what_the_judge_shares_lies_alone_in_its_allocations() -> None:
 
 
 @pytest.mark.skipif(DEVICE != "cuda", reason="the GPU's caching allocator")
-def test_a_large_evaluations_correctness_phase_holds_few_copies_of_its_inputs(sandbox: Sandbox) -> None:
-    """Two large evaluations check at once only if each phase's memory is a small multiple of its inputs. The judge
-    needs the inputs, the reference's outputs and the copy it shares (3 copies of a ReLU's input) and its float64
-    slice's allowance; the subject its own copy and the outputs (2). Two more segments were held in the judge on an
-    H100 (docs/benchmarks.md, the twenty-first session): the previous trial's shared copy, kept mapped by the subject,
-    and one pinned by a 4 MiB sample of the reference's output (measured without them: 3 copies and the allowance)."""
+def test_a_large_evaluations_checks_hold_few_copies_of_its_inputs(sandbox: Sandbox) -> None:
+    """Two large evaluations check at once only if each phase's memory is a small multiple of its inputs. In the
+    correctness phase the judge needs the inputs, the reference's outputs and the copy it shares (3 copies of a ReLU's
+    input) and its float64 slice's allowance; the subject its own copy and the outputs (2). Two more segments were
+    held in the judge on an H100 (docs/benchmarks.md, the twenty-first session): the previous trial's shared copy,
+    kept mapped by the subject, and one pinned by a 4 MiB sample of the reference's output (measured without them:
+    3 copies and the allowance). In the ablation the judge needs the inputs and their shared copy (2), the subject
+    two inputs and an output, then an input and two outputs (3); it held 6 with all of them at once and the last
+    mode's outputs still mapped (the twenty-fifth session)."""
     total = torch.cuda.get_device_properties(0).total_memory
     elements = int(total / 20 / 4 * 1.05)  # inputs just over a twentieth of the GPU: a large evaluation
     rows = 1024
@@ -237,3 +240,6 @@ def test_a_large_evaluations_correctness_phase_holds_few_copies_of_its_inputs(sa
     judge, subject = result.memory_gib["correctness_judge"], result.memory_gib["correctness_subject"]
     assert judge <= 3 * inputs_gib + float64_gib + 0.5, (judge, inputs_gib, float64_gib)  # 5 copies and it before
     assert subject <= 2 * inputs_gib + 2.0, (subject, inputs_gib)
+    judge, subject = result.memory_gib["ablation_judge"], result.memory_gib["ablation_subject"]
+    assert judge <= 2 * inputs_gib + 0.5, (judge, inputs_gib)
+    assert subject <= 3 * inputs_gib + 2.0, (subject, inputs_gib)

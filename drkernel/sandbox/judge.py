@@ -882,24 +882,30 @@ class Judge:
 
     def ablate(self, reference: Reference, alone: bool) -> None:
         """In every mode, on fresh inputs: where poisoning what the own kernels wrote leaves the output unchanged, they
-        were decoys. Beside others' checks, or `alone`; a large evaluation's never beside another large one's (both
-        processes hold three outputs: 54 GiB for a 6 GiB problem on an H100)."""
-        with self.holding_gpu("ablation", alone):
+        were decoys. Beside others' checks, or `alone`; a large evaluation's beside another large one's where its
+        correctness phase may be (`pairs`): the subject holds at most two inputs and an output or an input and two
+        outputs at once, the judge two inputs (its own, the shared copy), fewer than the correctness phase's account."""
+        with self.holding_gpu("ablation", alone, self.pairs):
             self._ablate(reference)
 
     def _ablate(self, reference: Reference) -> None:
         for label in MODES:
-            reply, payloads = self.link.ask("ablate", {"inputs": reference.inputs(self.secret_seed())}, mode=label)
+            reply, payloads = self.link.ask("ablate", {"inputs": reference.inputs(self.secret_seed())}, mode=label,
+                                            forget_inputs=self.large)
             normal = self.link.values(reply, payloads, "normal")
             ablated = self.link.values(reply, payloads, "ablated")
+            decoys = reply.get("ran") is True and len(normal) == len(ablated) and all(
+                _identical(a, b) for a, b in zip(normal, ablated))
+            if self.large:  # mapped into the next mode's, the subject could not free them: 12 of its 36 GiB there
+                del normal, ablated
+                self.link.forget_outputs()
             if reply.get("repeat_differs") is True and self.options.check_hacks:
                 self.findings.add(
                     guards.OUTPUT_CACHING,
                     "called again on inputs holding the same values, forward launched other kernels than the first "
                     "time: it answers values it has seen from memory. Compute the outputs on every call.",
                 )
-            if reply.get("ran") is True and len(normal) == len(ablated) and all(
-                    _identical(a, b) for a, b in zip(normal, ablated)):
+            if decoys:
                 self.findings.add(
                     guards.DECOY_KERNEL,
                     f"in mode {label} the output does not depend on anything the candidate's Triton kernels "
