@@ -232,6 +232,22 @@ def test_a_median_that_is_a_slow_call_is_told_with_what_the_host_was_doing() -> 
     assert EvalResult.from_dict({"timing": {"candidate": old}}).timing.candidate.samples_ms == []  # older records
 
 
+def test_a_median_moved_by_work_beside_half_the_calls_is_unsteady() -> None:
+    """The 4.3 ms sigmoid of the twenty-fifth session: 11 of 20 reference calls 9-150% slow, none twice the fastest,
+    and a median 4.4% above the fastest quarter: measured again. Small calls' ordinary spread (3% at 35 us) is not."""
+    sigmoid = [5.37, 5.84, 4.26, 5.18, 4.63, 5.31, 5.02, 10.76, 5.05, 5.4, 5.29, 4.26, 4.26, 4.27, 4.26, 4.26, 4.26,
+               4.27, 4.26, 4.27]
+    assert timing.slow_calls(sigmoid) == [7]
+    assert timing.unsteady("reference", timing.Samples(event_ms=sigmoid), [1.0] * 20) == (
+        "the reference's median call (4.45 ms) was 4.5% slower than its fastest quarter of 20 timed calls (4.26 ms or "
+        "less): more than half of them ran beside other work")
+    steady = [4.26 + 0.001 * (i % 7) for i in range(20)]
+    small = [0.0341, 0.0352, 0.0355, 0.0349, 0.0360, 0.0344, 0.0352, 0.0358, 0.0347, 0.0351] * 2
+    assert timing.unsteady("reference", timing.Samples(event_ms=steady), [1.0] * 20) is None
+    assert timing.unsteady("candidate", timing.Samples(event_ms=small), [1.0] * 20) is None
+    assert timing.disturbed("candidate", [1.0, 1.2, 1.2]) is None  # too few calls to tell a quarter
+
+
 def test_what_the_subject_reports_of_a_timed_call_s_host_is_kept_only_when_well_formed() -> None:
     """The subject's process ran candidate code: its counts of a call (host interruptions, allocations from the
     driver) are diagnostics, kept when they are plain counts, zero otherwise (a forgery misleads only its own notes)."""
