@@ -225,8 +225,8 @@ def test_a_large_evaluations_checks_hold_few_copies_of_its_inputs(sandbox: Sandb
     held in the judge on an H100 (docs/benchmarks.md, the twenty-first session): the previous trial's shared copy,
     kept mapped by the subject, and one pinned by a 4 MiB sample of the reference's output (measured without them:
     3 copies and the allowance). In the ablation the judge needs the inputs and their shared copy (2), the subject
-    two inputs and an output, then an input and two outputs (3); it held 6 with all of them at once and the last
-    mode's outputs still mapped (the twenty-fifth session)."""
+    two inputs and an output, then an input and two outputs (3); it held six, with all four of its copies at once and
+    the last mode's outputs still mapped by the judge (docs/benchmarks.md, the twenty-fifth session)."""
     total = torch.cuda.get_device_properties(0).total_memory
     elements = int(total / 20 / 4 * 1.05)  # inputs just over a twentieth of the GPU: a large evaluation
     rows = 1024

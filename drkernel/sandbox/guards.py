@@ -273,11 +273,12 @@ def _same_values(a: torch.Tensor, b: torch.Tensor) -> bool:
     process that compares), and the first chunk that differs ends it."""
     if a.shape != b.shape or a.dtype != b.dtype:
         return False
-    whole = not (a.is_contiguous() and b.is_contiguous())  # a view is compared whole: flattening it would copy it
-    flat_a, flat_b = (a, b) if whole else (a.view(-1), b.view(-1))
-    step = max(flat_a.numel(), 1) if whole else SAME_VALUES_CHUNK
-    for start in range(0, max(flat_a.numel(), 1), step):
-        x, y = (a, b) if whole else (flat_a[start:start + step], flat_b[start:start + step])
+    if a.is_contiguous() and b.is_contiguous():
+        flat_a, flat_b, step = a.view(-1), b.view(-1), SAME_VALUES_CHUNK
+        pieces = ((flat_a[i:i + step], flat_b[i:i + step]) for i in range(0, max(flat_a.numel(), 1), step))
+    else:  # a view is compared whole: flattening it would copy it
+        pieces = iter([(a, b)])
+    for x, y in pieces:
         if _torch_equal(x, y):
             continue
         if not (x.dtype.is_floating_point and bool(((x == y) | (_torch_isnan(x) & _torch_isnan(y))).all())):
