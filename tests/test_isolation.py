@@ -135,6 +135,42 @@ def test_candidate_sees_no_secrets_no_network_and_a_private_directory(sandbox: S
     assert "sandbox_violation" in result.hack_reasons
 
 
+def test_the_fork_servers_bytecode_is_its_own(tmp_path: Path) -> None:
+    """The fork server compiles its imports into a folder of its own once and reads them from there at each later
+    start; an evaluation neither writes there nor passes the folder on, and imports as it did before."""
+    cache = tmp_path / "bytecode"
+    probe = BODY.format(body=f"""
+        import tabnanny  # imported by no fork server: compiled here, and written if writing were on
+        try:
+            with open({str(cache / "planted.pyc")!r}, 'wb') as planted:
+                planted.write(b'not bytecode')
+            outcome = 'written'
+        except OSError as exc:
+            outcome = type(exc).__name__
+        raise RuntimeError(' '.join([str(sys.pycache_prefix), str(sys.dont_write_bytecode),
+                                     os.environ.get('PYTHONPYCACHEPREFIX', '-'),
+                                     os.environ.get('PYTHONDONTWRITEBYTECODE', '-'), outcome]))""")
+    box = Sandbox(device=DEVICE, gpu="0" if DEVICE == "cuda" else None, bytecode_cache=cache)
+    try:
+        result = box.evaluate(EvalRequest(REFERENCE, probe, options()))
+    finally:
+        box.close()
+    assert result.error is not None, result.to_json(indent=1)
+    assert result.error.message == "None True - 1 PermissionError", result.error.message
+    assert "sandbox_violation" in result.hack_reasons
+    compiled = {p.relative_to(cache) for p in cache.rglob("*.pyc")}
+    assert any("torch" in p.parts and "_dynamo" in p.parts for p in compiled)
+    assert any(p.name.startswith("zygote.") for p in compiled)
+    assert not any(p.name.startswith(("tabnanny.", "planted")) for p in compiled)
+    stamps = {p: p.stat().st_mtime_ns for p in cache.rglob("*.pyc")}
+    again = Sandbox(device=DEVICE, gpu="0" if DEVICE == "cuda" else None, bytecode_cache=cache)
+    try:
+        again.server.ensure_running()
+    finally:
+        again.close()
+    assert {p: p.stat().st_mtime_ns for p in cache.rglob("*.pyc")} == stamps  # every import read, none compiled
+
+
 def test_cli_json_gives_one_object_and_survives(tmp_path: Path) -> None:
     ref = tmp_path / "ref.py"
     ref.write_text(REFERENCE)

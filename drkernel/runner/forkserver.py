@@ -10,6 +10,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import IO, Any
 
 from drkernel.errors import EngineError
@@ -24,11 +25,20 @@ ENV_ALLOWED = re.compile(
 ENV_SECRET = re.compile(r"TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL|API_?KEY|PRIVATE", re.IGNORECASE)
 
 
-def sandbox_environment(extra: dict[str, str] | None = None) -> dict[str, str]:
+def sandbox_environment(extra: dict[str, str] | None = None, bytecode_cache: str | Path | None = None
+                        ) -> dict[str, str]:
+    """The fork server's environment. With `bytecode_cache`, it compiles its imports into that folder of its own once
+    (PYTHONPYCACHEPREFIX) and reads them from there at every later start, whatever the installation holds: images
+    built without bytecode, or with PYTHONDONTWRITEBYTECODE set, otherwise compile torch, sympy and Triton from source
+    at every start (9-11 s on an H100's host, docs/benchmarks.md). It writes no bytecode once it serves evaluations
+    (`drkernel.sandbox.zygote.serve`)."""
     env = {k: v for k, v in os.environ.items() if ENV_ALLOWED.match(k) and not ENV_SECRET.search(k)}
     env.setdefault("PATH", "/usr/bin:/bin")
     env["PYTHONUNBUFFERED"] = "1"
-    env["PYTHONDONTWRITEBYTECODE"] = "1"
+    if bytecode_cache is None:
+        env["PYTHONDONTWRITEBYTECODE"] = "1"
+    else:
+        env["PYTHONPYCACHEPREFIX"] = str(bytecode_cache)
     env.update(extra or {})
     return env
 
@@ -65,9 +75,10 @@ class ForkServerDied(EngineError):
 class ForkServer:
     """One zygote process; thread-safe; several jobs may be in flight."""
 
-    def __init__(self, python: str = sys.executable, env: dict[str, str] | None = None) -> None:
+    def __init__(self, python: str = sys.executable, env: dict[str, str] | None = None,
+                 bytecode_cache: str | Path | None = None) -> None:
         self.python = python
-        self.env = sandbox_environment(env)
+        self.env = sandbox_environment(env, bytecode_cache)
         self._proc: subprocess.Popen[bytes] | None = None
         self._stdin: IO[bytes] | None = None
         self._jobs: dict[str, JobHandle] = {}

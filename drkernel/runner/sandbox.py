@@ -60,6 +60,7 @@ class Sandbox:
         gpu: str | None = None,
         root: str | Path | None = None,
         triton_cache: str | Path | None = None,
+        bytecode_cache: str | Path | None = None,
         memory_cap_mb: int | None = None,
         overlap: int | None = None,
     ) -> None:
@@ -77,6 +78,15 @@ class Sandbox:
         default_cache = self.root / "triton" if as_root else Path.home() / ".cache" / "drkernel" / "triton"
         self.triton_cache = Path(triton_cache or os.environ.get("DRKERNEL_TRITON_CACHE", default_cache))
         self.triton_cache.mkdir(mode=0o700, parents=True, exist_ok=True)
+        # The fork server's compiled imports (drkernel.runner.forkserver.sandbox_environment): no evaluation uses it,
+        # so it stays in the user's own cache, kept across sandbox roots; where it cannot be made, the fork server
+        # compiles what the installation lacks at each start, as without it.
+        user_cache = Path.home() / ".cache" / "drkernel" / "bytecode"
+        self.bytecode_cache: Path | None = Path(bytecode_cache or os.environ.get("DRKERNEL_BYTECODE_CACHE", user_cache))
+        try:
+            self.bytecode_cache.mkdir(mode=0o700, parents=True, exist_ok=True)
+        except OSError:
+            self.bytecode_cache = None
         self.memory_cap_mb = memory_cap_mb or memory_share_mb(1)
         self.memory = GroupMemory()
         # CPU timings are wall clock: evaluations there run alone unless asked otherwise.
@@ -85,7 +95,8 @@ class Sandbox:
             raise ValueError(f"overlap must be at least 1, not {self.overlap}")
         self.gate = gpu_gate_path(gpu, root) if device == "cuda" else self.root / f"gate-cpu-{os.getpid()}-{id(self)}"
         # Triton decides at import whether @triton.jit interprets: the fork server must import it in the right mode.
-        self.server = ForkServer(env={"TRITON_INTERPRET": "1", "CUDA_VISIBLE_DEVICES": ""} if device == "cpu" else None)
+        interpret = {"TRITON_INTERPRET": "1", "CUDA_VISIBLE_DEVICES": ""} if device == "cpu" else {}
+        self.server = ForkServer(env=interpret, bytecode_cache=self.bytecode_cache)
 
     # One evaluation -------------------------------------------------------------------------------------------
 

@@ -28,15 +28,24 @@ import select
 import signal
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
 
-import torch
-import torch.profiler  # noqa: F401  (imported once here, not in every evaluation)
-import triton.runtime.interpreter  # noqa: F401  (the launch recorder wraps its launcher)
-import triton.testing  # noqa: F401
+import triton  # noqa: F401  (without torch: Triton's cache key is hashed while torch imports, below)
 from triton.runtime.cache import triton_key
+
+# Hashing Triton's installation (0.45 s on an H100's host, most of it a 500 MB library, with the GIL released)
+# overlaps the fork server's import of torch and torch._dynamo; `_preload` waits for it before any fork.
+_TRITON_KEY = threading.Thread(target=triton_key, name="drkernel-triton-key", daemon=True)
+if __name__ == "__main__":
+    _TRITON_KEY.start()
+
+import torch  # noqa: E402
+import torch.profiler  # noqa: E402, F401  (imported once here, not in every evaluation)
+import triton.runtime.interpreter  # noqa: E402, F401  (the launch recorder wraps its launcher)
+import triton.testing  # noqa: E402, F401
 
 from drkernel.sandbox import audit, channel, confine, isolate, judge, procfs, subject
 from drkernel.sandbox.gate import DeviceGate
@@ -191,7 +200,9 @@ def _preload() -> None:
     subject: 0.45 s hashing Triton's installation for its cache key, 0.15 s importing Gluon's modules, which Triton's
     specialisation imports at a kernel's first launch; 11-25 ms on the CPU for numpy's first bootstrap, which the
     judge computes while it holds the GPU alone). Nothing here touches CUDA: the evaluations fork from here."""
-    triton_key()
+    if _TRITON_KEY.ident is not None:
+        _TRITON_KEY.join()
+    triton_key()  # cached by now when the fork server started the hashing
     judge.timing.speedup_interval([1.0, 1.0], [1.0, 1.0], seed=0)
     with contextlib.suppress(ImportError):  # the modules Triton versions with Gluon import at a first launch
         import triton.experimental.gluon.language  # noqa: F401
@@ -210,8 +221,19 @@ def _report_result(report_fd: int, result: EvalResult) -> None:
             Status.INVALID, "SandboxError", f"unserialisable result: {exc}").to_dict()})
 
 
+def _stop_writing_bytecode() -> None:
+    """The fork server's bytecode folder (drkernel.runner.forkserver.sandbox_environment) served its own imports
+    only: evaluations, and any Python they start, read and write none of it (a candidate's bytecode there would run in
+    the next fork server), and import what they import later as before, from the installation's own bytecode."""
+    sys.dont_write_bytecode = True
+    sys.pycache_prefix = None
+    os.environ.pop("PYTHONPYCACHEPREFIX", None)
+    os.environ["PYTHONDONTWRITEBYTECODE"] = "1"
+
+
 def serve() -> None:
     _preload()
+    _stop_writing_bytecode()
     audit.AUDIT.install()  # inherited by every evaluation; it acts in the subject, once it knows the candidate's file
     _freeze_start_up()  # before the forks: the children's collections skip the imports too
     me = os.getpid()
