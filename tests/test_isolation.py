@@ -171,6 +171,32 @@ def test_the_fork_servers_bytecode_is_its_own(tmp_path: Path) -> None:
     assert {p: p.stat().st_mtime_ns for p in cache.rglob("*.pyc")} == stamps  # every import read, none compiled
 
 
+def test_the_fork_server_keeps_bytecode_only_where_the_installation_has_none(tmp_path: Path, monkeypatch) -> None:
+    package = tmp_path / "site" / "compiled_here"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    assert not sandbox_module.installation_has_bytecode("compiled_here")
+    compiled = package / "__pycache__" / f"__init__.{sys.implementation.cache_tag}.pyc"
+    compiled.parent.mkdir()
+    compiled.write_bytes(b"")
+    assert sandbox_module.installation_has_bytecode("compiled_here")
+    assert sandbox_module.installation_has_bytecode("no_such_package_anywhere")  # nothing to compile
+
+    monkeypatch.delenv("DRKERNEL_BYTECODE_CACHE", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    for has_bytecode, expected in ((True, None), (False, tmp_path / "home" / ".cache" / "drkernel" / "bytecode")):
+        monkeypatch.setattr(sandbox_module, "installation_has_bytecode", lambda package, has=has_bytecode: has)
+        assert sandbox_module.fork_server_bytecode() == expected
+    assert expected.is_dir() and expected.stat().st_mode & 0o777 == 0o700
+    monkeypatch.setattr(sandbox_module, "installation_has_bytecode", lambda package: True)
+    assert sandbox_module.fork_server_bytecode(tmp_path / "chosen") == tmp_path / "chosen"  # asked for: always
+    monkeypatch.setenv("DRKERNEL_BYTECODE_CACHE", str(tmp_path / "from_env"))
+    assert sandbox_module.fork_server_bytecode() == tmp_path / "from_env"
+    (tmp_path / "a_file").write_text("")
+    assert sandbox_module.fork_server_bytecode(tmp_path / "a_file" / "bytecode") is None  # cannot be made: as before
+
+
 def test_cli_json_gives_one_object_and_survives(tmp_path: Path) -> None:
     ref = tmp_path / "ref.py"
     ref.write_text(REFERENCE)

@@ -11,11 +11,13 @@ its parent - the supervisor survives and answers within the timeout plus a few s
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import queue
 import shutil
 import signal
+import sys
 import tempfile
 import threading
 import time
@@ -78,15 +80,7 @@ class Sandbox:
         default_cache = self.root / "triton" if as_root else Path.home() / ".cache" / "drkernel" / "triton"
         self.triton_cache = Path(triton_cache or os.environ.get("DRKERNEL_TRITON_CACHE", default_cache))
         self.triton_cache.mkdir(mode=0o700, parents=True, exist_ok=True)
-        # The fork server's compiled imports (drkernel.runner.forkserver.sandbox_environment): no evaluation uses it,
-        # so it stays in the user's own cache, kept across sandbox roots; where it cannot be made, the fork server
-        # compiles what the installation lacks at each start, as without it.
-        user_cache = Path.home() / ".cache" / "drkernel" / "bytecode"
-        self.bytecode_cache: Path | None = Path(bytecode_cache or os.environ.get("DRKERNEL_BYTECODE_CACHE", user_cache))
-        try:
-            self.bytecode_cache.mkdir(mode=0o700, parents=True, exist_ok=True)
-        except OSError:
-            self.bytecode_cache = None
+        self.bytecode_cache = fork_server_bytecode(bytecode_cache)
         self.memory_cap_mb = memory_cap_mb or memory_share_mb(1)
         self.memory = GroupMemory()
         # CPU timings are wall clock: evaluations there run alone unless asked otherwise.
@@ -256,6 +250,33 @@ class DeviceQueue:
 def sandbox_root(root: str | Path | None = None) -> Path:
     """Where sandboxes of this user keep their working directories and their GPUs' gates."""
     return Path(root or tempfile.gettempdir()) / f"drkernel-{os.getuid()}"
+
+
+def fork_server_bytecode(chosen: str | Path | None = None) -> Path | None:
+    """Where the fork server compiles its imports (drkernel.runner.forkserver.sandbox_environment): `chosen`, or
+    DRKERNEL_BYTECODE_CACHE; else `~/.cache/drkernel/bytecode` when torch's installation holds no bytecode (an image
+    built without it, with PYTHONDONTWRITEBYTECODE set: each start compiled torch from source, 8-15 s on an H100's
+    host). None, the installation's own bytecode as before, otherwise or where the folder cannot be made."""
+    chosen = chosen or os.environ.get("DRKERNEL_BYTECODE_CACHE")
+    if not chosen:
+        if installation_has_bytecode("torch"):
+            return None
+        chosen = Path.home() / ".cache" / "drkernel" / "bytecode"
+    folder = Path(chosen)
+    try:
+        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    except OSError:
+        return None
+    return folder
+
+
+def installation_has_bytecode(package: str) -> bool:
+    """Whether the installed `package` holds the bytecode of its `__init__` (found without importing it)."""
+    spec = importlib.util.find_spec(package)
+    if spec is None or spec.origin is None:
+        return True  # nothing of it to compile
+    source = Path(spec.origin)
+    return (source.parent / "__pycache__" / f"{source.stem}.{sys.implementation.cache_tag}.pyc").exists()
 
 
 def gpu_gate_path(gpu: str, root: str | Path | None = None) -> Path:
