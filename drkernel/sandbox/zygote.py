@@ -36,7 +36,7 @@ from typing import Any
 import triton  # noqa: F401  (without torch: Triton's cache key is hashed while torch imports, below)
 from triton.runtime.cache import triton_key
 
-# Hashing Triton's installation (0.45 s on an H100's host, most of it a 500 MB library, with the GIL released)
+# Hashing Triton's installation (0.42 s on an H100's host, most of it a 500 MB library, with the GIL released)
 # overlaps the fork server's import of torch and torch._dynamo; `_preload` waits for it before any fork.
 _TRITON_KEY = threading.Thread(target=triton_key, name="drkernel-triton-key", daemon=True)
 if __name__ == "__main__":
