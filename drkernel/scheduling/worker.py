@@ -21,7 +21,7 @@ from concurrent.futures import Future
 from typing import IO, Any
 
 from drkernel.runner.forkserver import ForkServerDied
-from drkernel.runner.sandbox import DeviceQueue, Sandbox
+from drkernel.runner.sandbox import GPU_OVERLAP, DeviceQueue, Sandbox
 from drkernel.schema import EvalRequest, EvalResult, Status
 
 
@@ -59,7 +59,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     parser.add_argument("--gpu", default=None)
     parser.add_argument("--memory-cap-mb", type=int, default=None)
-    parser.add_argument("--overlap", type=int, default=None, help="evaluations running at once (default: 2 on a GPU)")
+    parser.add_argument("--overlap", type=int, default=None,
+                        help=f"evaluations running at once (default: {GPU_OVERLAP} on a GPU)")
     args = parser.parse_args(argv)
     signal.signal(signal.SIGTERM, _terminated)  # before the fork server starts: it is closed on the way out
     out = os.fdopen(os.dup(1), "w")
