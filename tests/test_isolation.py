@@ -171,6 +171,16 @@ def test_the_fork_servers_bytecode_is_its_own(tmp_path: Path) -> None:
     assert {p: p.stat().st_mtime_ns for p in cache.rglob("*.pyc")} == stamps  # every import read, none compiled
 
 
+def test_an_evaluation_collects_garbage_though_its_fork_server_imported_without(sandbox) -> None:
+    """The fork server imports with the cyclic collector off (a fifth of its imports' time) and freezes what it made;
+    the evaluations forked from it collect as any process does."""
+    probe = BODY.format(body="""
+        import gc
+        raise RuntimeError(f"{gc.isenabled()} {gc.get_freeze_count() > 100_000}")""")
+    result = sandbox.evaluate(EvalRequest(REFERENCE, probe, options()))
+    assert result.error is not None and result.error.message == "True True", result.to_json(indent=1)
+
+
 def test_the_fork_server_keeps_bytecode_only_where_the_installation_has_none(tmp_path: Path, monkeypatch) -> None:
     package = tmp_path / "site" / "compiled_here"
     package.mkdir(parents=True)
