@@ -172,8 +172,8 @@ def test_the_fork_servers_bytecode_is_its_own(tmp_path: Path) -> None:
 
 
 def test_an_evaluation_collects_garbage_though_its_fork_server_imported_without(sandbox) -> None:
-    """The fork server imports with the cyclic collector off (a fifth of its imports' time) and freezes what it made;
-    the evaluations forked from it collect as any process does."""
+    """The fork server imports with the cyclic collector off (its passes took a sixth of the imports' time on an H100's
+    host) and freezes what it made; the evaluations forked from it collect as any process does."""
     probe = BODY.format(body="""
         import gc
         raise RuntimeError(f"{gc.isenabled()} {gc.get_freeze_count() > 100_000}")""")
