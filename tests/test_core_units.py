@@ -899,3 +899,40 @@ def test_the_subject_lets_mapped_inputs_go_after_a_call_when_asked(tmp_path, mon
             kept = weakref.ref(mapped[0])
             del mapped
             assert kept() is not None  # held by the subject until the next request
+
+
+def test_torch_dynamo_imported_after_the_snapshot_patches_nothing_but_a_wrapper_of_another_function_does() -> None:
+    """The guards import no torch._dynamo before their snapshot (a third of the fork server's start-up): its own
+    replacement of torch.manual_seed must pass, anything else in its place must not. A fresh interpreter, so that
+    torch._dynamo is not loaded already."""
+    import subprocess
+    import sys
+
+    script = """
+import sys, torch
+from drkernel.sandbox import guards
+assert "torch._dynamo" not in sys.modules, "the guards' import loads torch._dynamo again"
+original = torch.manual_seed
+
+def report(guard):
+    findings = guards.Findings()
+    guard.check(findings)
+    return findings.details.get(guards.PATCHED_HARNESS, "")
+
+guard = guards.StateGuard([])
+import torch._dynamo  # what torch.library does for a candidate
+assert torch.manual_seed is not original and torch.manual_seed.__wrapped__ is original
+print("dynamo:", report(guard))
+torch.manual_seed = torch._disable_dynamo(lambda seed: None)  # dynamo's wrapper, around another function
+print("other:", report(guard))
+torch.manual_seed = torch._disable_dynamo(original)
+print("rewrapped:", report(guard))
+cell = torch.manual_seed.__code__.co_freevars.index("fn")
+torch.manual_seed.__closure__[cell].cell_contents = lambda seed: None  # the wrapper kept, its function swapped
+print("swapped:", report(guard))
+"""
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    lines = dict(line.split(":", 1) for line in out.stdout.splitlines())
+    assert lines["dynamo"].strip() == "" and lines["rewrapped"].strip() == ""
+    assert "torch.manual_seed" in lines["other"] and "torch.manual_seed" in lines["swapped"]

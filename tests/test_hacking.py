@@ -204,8 +204,8 @@ def test_a_candidate_that_loads_torch_dynamo_passes_whatever_inductor_cache_the_
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """torch._dynamo's import makes inductor's cache folder: TORCHINDUCTOR_CACHE_DIR where it is set (a cluster's
     setting, or what inductor itself leaves in os.environ once anything compiled in the supervisor's process), which
-    the sandbox passes on. Were dynamo first imported in the subject (by the candidate's torch.library), that would
-    be a write outside its scratch space: the fork server imports it first (seen when its import was taken out)."""
+    the sandbox passes on. dynamo is first imported in the subject here (by the candidate's torch.library; the fork
+    server does not import it): a write outside its scratch space, but for the cache the subject names inside it."""
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
     result = evaluate_file(HERE / "legit" / "relu_torch_library_custom_op.py")
     assert result.status == Status.CORRECT.value, describe(result)

@@ -20,9 +20,6 @@ from typing import Any, Iterable
 
 import numpy as np
 import torch
-# Imported before the snapshots: its first import wraps torch.manual_seed. Not an avoidable start-up cost: on a GPU
-# every evaluation's processes run the profiler in their warm-up, which imports it (docs/benchmarks.md).
-import torch._dynamo  # noqa: F401
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from drkernel.sandbox import audit, procfs
@@ -132,6 +129,8 @@ class StateGuard:
 
     def __init__(self, harness_modules: Iterable[types.ModuleType]) -> None:
         self._libraries = {space: _callables(space) for space in _library_namespaces()}
+        self._manual_seed = torch.manual_seed
+        self._dynamo_wrapper = torch._disable_dynamo(_no_op).__code__  # making the wrapper imports nothing
         harness_modules = list(harness_modules)
         own_classes = {v for m in harness_modules for v in vars(m).values()
                        if _isinstance(v, type) and v.__module__ == m.__name__}
@@ -143,6 +142,8 @@ class StateGuard:
         """`_add` is bound now: a patched Findings.add cannot silence this report."""
         patched = [f"{_name(space)}.{key}" for space, ids in self._libraries.items()
                    for key, ident in ids.items() if _id(vars(space).get(key, _MISSING)) != ident]
+        if "torch.manual_seed" in patched and self._dynamo_wrapped(vars(torch).get("manual_seed")):
+            patched.remove("torch.manual_seed")
         for cls, before in self._classes.items():
             now = vars(cls)
             patched += [f"{cls.__qualname__}.{key}" for key in set(before) | set(now)
@@ -168,8 +169,25 @@ class StateGuard:
                 "reference's numerics and speed; leave them as they are.",
             )
 
+    def _dynamo_wrapped(self, value: Any) -> bool:
+        """torch._dynamo's first import replaces torch.manual_seed by `torch._disable_dynamo(torch.manual_seed)`, and a
+        candidate may cause it (torch.library does). That wrapper is no patch when it runs the wrapper's own code over
+        the very function of the snapshot. Importing torch._dynamo before the snapshot instead cost the fork server a
+        third of its start-up (0.7-1.1 s on an H100's host, docs/benchmarks.md)."""
+        if "torch._dynamo" not in sys.modules or _getattr(value, "__code__", None) is not self._dynamo_wrapper:
+            return False
+        try:
+            cells = dict(zip(value.__code__.co_freevars, (cell.cell_contents for cell in value.__closure__ or ())))
+        except ValueError:  # an emptied cell
+            return False
+        return cells.get("fn") is self._manual_seed
+
 
 _MISSING = object()
+
+
+def _no_op() -> None:
+    pass
 
 
 def _name(space: Any) -> str:

@@ -34,7 +34,7 @@ from typing import Any, Callable, Iterator, TypeVar
 import torch
 import triton
 
-from drkernel.sandbox import channel, correctness, guards, loading, timing, verdict
+from drkernel.sandbox import channel, correctness, guards, loading, profiling, timing, verdict
 from drkernel.sandbox.channel import Channel, ChannelClosed, Encoder
 from drkernel.sandbox.gate import DeviceGate
 from drkernel.sandbox.subject import MODES, seeded, trimmed_traceback
@@ -1097,9 +1097,7 @@ def warm_up(device: torch.device) -> None:
     the CUDA context, the profiler's CUPTI initialisation, the caching allocator."""
     if device.type != "cuda":
         return
-    from torch.profiler import ProfilerActivity, profile
-
-    with profile(activities=[ProfilerActivity.CUDA]):
+    with profiling.cuda_session(cpu=False):
         torch.ones(1, device=device).add_(1)
         torch.cuda.synchronize()
 

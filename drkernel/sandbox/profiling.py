@@ -16,20 +16,26 @@ from drkernel.schema import KernelTime, Profile
 TOP_KERNELS = 8
 
 
+def cuda_session(cpu: bool = True) -> torch.autograd.profiler.profile:
+    """A profiling session of the CUDA activity (and the CPU's), through the autograd profiler that `torch.profiler`
+    wraps: entering `torch.profiler.profile` asks whether `torch._inductor` is loaded, which imports it and
+    `torch._dynamo` (0.7-1.1 s on an H100's host), in each of an evaluation's two processes, since the fork server does
+    not import them (drkernel.sandbox.guards)."""
+    return torch.autograd.profiler.profile(use_cpu=cpu, use_device="cuda", use_kineto=True)
+
+
 def profile_cuda(calls: list[Callable[[], Any]], own_names: set[str],
                  after: Callable[[Any], None] | None = None) -> Profile:
     """Profile `calls` (one forward each, on inputs of their own), each in a profiling session of its own so that
     `after` can take its output (a candidate may reuse one output buffer) outside the profiled window."""
-    from torch.profiler import ProfilerActivity, profile
-
     times: dict[str, float] = defaultdict(float)
     counts: dict[str, int] = defaultdict(int)
     for call in calls:
         torch.cuda.synchronize()
-        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        with cuda_session() as prof:
             out = call()
             torch.cuda.synchronize()
-        for event in prof.events():
+        for event in prof.function_events:
             if event.device_type == torch.autograd.DeviceType.CUDA:
                 times[event.name] += event.time_range.elapsed_us()
                 counts[event.name] += 1

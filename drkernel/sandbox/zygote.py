@@ -44,13 +44,15 @@ import triton  # noqa: E402, F401  (without torch: Triton's cache key is hashed 
 from triton.runtime.cache import triton_key  # noqa: E402
 
 # Hashing Triton's installation (0.42 s on an H100's host, most of it a 500 MB library, with the GIL released)
-# overlaps the fork server's import of torch and torch._dynamo; `_preload` waits for it before any fork.
+# overlaps the fork server's import of torch; `_preload` waits for it before any fork.
 _TRITON_KEY = threading.Thread(target=triton_key, name="drkernel-triton-key", daemon=True)
 if __name__ == "__main__":
     _TRITON_KEY.start()
 
 import torch  # noqa: E402
-import torch.profiler  # noqa: E402, F401  (imported once here, not in every evaluation)
+# With sympy: the first `torch._check` of a process imports it (0.2-0.35 s on an H100's host), and the judge's estimate
+# of a task's memory on the meta device makes one in every evaluation. torch._dynamo is not imported: see guards.
+import torch.fx.experimental.symbolic_shapes  # noqa: E402, F401
 import triton.runtime.interpreter  # noqa: E402, F401  (the launch recorder wraps its launcher)
 import triton.testing  # noqa: E402, F401
 
@@ -166,8 +168,8 @@ def subject_main(job: dict[str, Any], scratch: Path, conn: Any, device: torch.de
         isolate.detach(judge_pid, new_session=False)  # dies with the judge, stays in its process group
         isolate.redirect_output(str(scratch))
         os.chdir(scratch)
-        # inductor's cache inside the scratch space too: TORCHINDUCTOR_CACHE_DIR comes from the supervisor or from
-        # the fork server's own import of torch._dynamo, and what the candidate compiles would be written there
+        # inductor's cache inside the scratch space too: TORCHINDUCTOR_CACHE_DIR may come from the supervisor, and
+        # what the candidate compiles, or torch._dynamo's first import (torch.library makes it), would write there
         os.environ.update(HOME=str(scratch), TMPDIR=str(scratch),
                           TORCHINDUCTOR_CACHE_DIR=str(scratch / "torchinductor"))
         tempfile.tempdir = str(scratch)
