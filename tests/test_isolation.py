@@ -182,9 +182,10 @@ def test_an_evaluation_collects_garbage_though_its_fork_server_imported_without(
 
 
 def test_no_evaluation_imports_torch_dynamo(sandbox) -> None:
-    """torch._dynamo (with sympy and inductor's configuration, 0.7-1.1 s on an H100's host) is imported by neither the
-    fork server nor the evaluation's own steps: a correct candidate that fails once it is loaded passes every call
-    (on a GPU the profiled ones too, where `torch.profiler` would import it)."""
+    """torch._dynamo (with inductor's configuration, 0.7-1.1 s on an H100's host) is imported by neither the fork
+    server nor the evaluation's own steps: a correct candidate that fails once it is loaded passes every call (on a
+    GPU the profiled ones too, where `torch.profiler` would import it). The judge's calls through torch's
+    `_disable_dynamo` wrappers without importing it stay in the judge's process."""
     probe = GOOD + """
 import sys as _sys
 _forward = ModelNew.forward
@@ -193,6 +194,11 @@ _forward = ModelNew.forward
 def _probed(self, *args):
     if "torch._dynamo" in _sys.modules:
         raise RuntimeError("torch._dynamo was imported in the evaluation")
+    import torch.utils.checkpoint
+    wrapper = torch.utils.checkpoint.checkpoint  # one of torch's `_disable_dynamo` wrappers
+    cells = dict(zip(wrapper.__code__.co_freevars, wrapper.__closure__))
+    if hasattr(cells["fn"].cell_contents, "__dynamo_disable"):
+        raise RuntimeError("the judge's way round torch._disable_dynamo reached the subject")
     return _forward(self, *args)
 
 
@@ -201,6 +207,38 @@ ModelNew.forward = _probed
     result = sandbox.evaluate(EvalRequest(REFERENCE, probe, options()))
     assert result.status == "correct", result.to_json(indent=1)
     assert result.profile is not None or DEVICE == "cpu"
+
+
+def test_the_judges_estimate_of_a_tasks_memory_imports_no_torch_dynamo_and_is_as_with_it() -> None:
+    """On the meta device the reference runs torch's Python references, each wrapped in `torch._disable_dynamo`, whose
+    first call imports torch._dynamo (1.7 s of each evaluation's judge on an H100's host): the judge calls them
+    directly, with the same sizes as with dynamo imported."""
+    script = """
+import json, sys
+import drkernel.sandbox.zygote
+from drkernel.sandbox import judge
+from drkernel.tasks import synthetic
+judge.find_dynamo_disabled()
+if sys.argv[1] == "direct":
+    judge.call_dynamo_disabled_directly()
+else:
+    import torch._dynamo
+sizes = []
+for task in synthetic.generate_tasks("test", 6):
+    module = type(sys)("reference")
+    exec(task.code, module.__dict__)
+    sizes.append(judge.sizes_on_meta(module))
+print(json.dumps([len(judge._DYNAMO_DISABLED), "torch._dynamo" in sys.modules, sizes]))
+"""
+    runs = {}
+    for mode in ("direct", "dynamo"):
+        out = subprocess.run([sys.executable, "-c", script, mode], capture_output=True, text=True, timeout=300,
+                             cwd=REPO)
+        assert out.returncode == 0, out.stderr[-2000:]
+        runs[mode] = json.loads(out.stdout.strip().splitlines()[-1])
+    (found, imported, sizes), (_, imported_there, sizes_there) = runs["direct"], runs["dynamo"]
+    assert found > 100 and not imported and imported_there
+    assert sizes == sizes_there and all(inputs and outputs for inputs, outputs in sizes)
 
 
 @pytest.mark.skipif(DEVICE != "cuda", reason="the warm-up and the profile run on a GPU only")

@@ -130,7 +130,6 @@ class StateGuard:
     def __init__(self, harness_modules: Iterable[types.ModuleType]) -> None:
         self._libraries = {space: _callables(space) for space in _library_namespaces()}
         self._manual_seed = torch.manual_seed
-        self._dynamo_wrapper = torch._disable_dynamo(_no_op).__code__  # making the wrapper imports nothing
         harness_modules = list(harness_modules)
         own_classes = {v for m in harness_modules for v in vars(m).values()
                        if _isinstance(v, type) and v.__module__ == m.__name__}
@@ -174,20 +173,28 @@ class StateGuard:
         candidate may cause it (torch.library does). That wrapper is no patch when it runs the wrapper's own code over
         the very function of the snapshot. Importing torch._dynamo before the snapshot instead cost the fork server a
         third of its start-up (0.7-1.1 s on an H100's host, docs/benchmarks.md)."""
-        if "torch._dynamo" not in sys.modules or _getattr(value, "__code__", None) is not self._dynamo_wrapper:
-            return False
-        try:
-            cells = dict(zip(value.__code__.co_freevars, (cell.cell_contents for cell in value.__closure__ or ())))
-        except ValueError:  # an emptied cell
-            return False
-        return cells.get("fn") is self._manual_seed
-
-
-_MISSING = object()
+        return "torch._dynamo" in sys.modules and dynamo_wrapped(value) is self._manual_seed
 
 
 def _no_op() -> None:
     pass
+
+
+DYNAMO_WRAPPER = torch._disable_dynamo(_no_op).__code__  # the code of its wrappers; making one imports nothing
+
+
+def dynamo_wrapped(value: Any) -> Any:
+    """The function a `torch._disable_dynamo` wrapper calls (None when `value` is no such wrapper, or an emptied one)."""
+    if _getattr(value, "__code__", None) is not DYNAMO_WRAPPER:
+        return None
+    try:
+        cells = dict(zip(DYNAMO_WRAPPER.co_freevars, (cell.cell_contents for cell in value.__closure__ or ())))
+    except ValueError:  # an emptied cell
+        return None
+    return cells.get("fn")
+
+
+_MISSING = object()
 
 
 def _name(space: Any) -> str:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import functools
+import gc
 import math
 import os
 import platform
@@ -25,7 +26,9 @@ import re
 import secrets
 import signal
 import statistics
+import sys
 import time
+import types
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -1014,6 +1017,8 @@ def evaluate(request: EvalRequest, workdir: Path, device: torch.device, gate: De
     """Run one evaluation and return its result; never raises for anything the candidate does."""
     judge = Judge(request, workdir, device, gate, link)
     opts = request.options
+    if opts.reference_mode != "compile":
+        call_dynamo_disabled_directly()
     result = EvalResult(environment=environment(device))
     failure: Failure | None = None
     try:
@@ -1074,6 +1079,30 @@ def harness_failure(exc: BaseException, workdir: Path) -> Failure:
     if isinstance(exc, (torch.AcceleratorError, torch.OutOfMemoryError)):
         return Failure(Status.CRASHED, "SandboxError", f"the judge's GPU work failed ({type(exc).__name__}: {exc})", tb)
     return Failure(Status.RUNTIME_ERROR, type(exc).__name__, f"evaluation failed: {exc}", tb)
+
+
+_DYNAMO_DISABLED: list[Callable[..., Any]] = []  # found by the fork server (`find_dynamo_disabled`) before it forks
+
+
+def find_dynamo_disabled() -> None:
+    """torch's functions wrapped in `torch._disable_dynamo`, its Python references and meta kernels among them (the
+    estimate of a task's memory on the meta device runs them): each wrapper imports torch._dynamo at its first call,
+    only to keep dynamo from tracing its function. That import took 1.7 s of each evaluation's judge on an H100's host
+    once the fork server no longer made it (docs/benchmarks.md)."""
+    _DYNAMO_DISABLED[:] = [fn for obj in gc.get_objects() if type(obj) is types.FunctionType
+                           and (fn := guards.dynamo_wrapped(obj)) is not None]
+
+
+def call_dynamo_disabled_directly() -> None:
+    """In the judge's process only (the subject, forked before, keeps torch's own wrappers for the candidate), while
+    torch._dynamo is not imported, and not when the reference is compiled: each wrapper finds its function as the
+    one to call and imports nothing. Where dynamo is not imported nothing traces, and the function called as it is
+    behaves as `torch._dynamo.disable` would make it behave."""
+    if "torch._dynamo" in sys.modules:
+        return
+    for fn in _DYNAMO_DISABLED:
+        with contextlib.suppress(AttributeError, TypeError):  # a builtin takes no attributes: its wrapper imports
+            setattr(fn, "__dynamo_disable", fn)  # the name torch._compile's wrapper looks up
 
 
 def sizes_on_meta(module: Any) -> tuple[int | None, int | None]:
