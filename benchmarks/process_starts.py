@@ -35,8 +35,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-import torch  # noqa: E402  (as the fork server: torch and the profiler imported, CUDA untouched)
-import torch.profiler  # noqa: E402,F401
+import torch  # noqa: E402  (as the fork server: torch imported, CUDA untouched)
 
 from drkernel.sandbox import judge  # noqa: E402
 

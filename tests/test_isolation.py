@@ -182,10 +182,10 @@ def test_an_evaluation_collects_garbage_though_its_fork_server_imported_without(
 
 
 def test_no_evaluation_imports_torch_dynamo(sandbox) -> None:
-    """torch._dynamo (with inductor's configuration, 0.7-1.1 s on an H100's host) is imported by neither the fork
-    server nor the evaluation's own steps: a correct candidate that fails once it is loaded passes every call (on a
-    GPU the profiled ones too, where `torch.profiler` would import it). The judge's calls through torch's
-    `_disable_dynamo` wrappers without importing it stay in the judge's process."""
+    """torch._dynamo (with inductor's configuration, a quarter of the fork server's imports on an H100's host) is
+    imported by neither the fork server nor the evaluation's own steps: a correct candidate that fails once it is
+    loaded passes every call (on a GPU the profiled ones too, where `torch.profiler` would import it). The judge's
+    calls through torch's `_disable_dynamo` wrappers without importing it stay in the judge's process."""
     probe = GOOD + """
 import sys as _sys
 _forward = ModelNew.forward

@@ -172,7 +172,7 @@ class StateGuard:
         """torch._dynamo's first import replaces torch.manual_seed by `torch._disable_dynamo(torch.manual_seed)`, and a
         candidate may cause it (torch.library does). That wrapper is no patch when it runs the wrapper's own code over
         the very function of the snapshot. Importing torch._dynamo before the snapshot instead cost the fork server a
-        third of its start-up (0.7-1.1 s on an H100's host, docs/benchmarks.md)."""
+        quarter of its imports (2.23 s against 1.70 on an H100's host, docs/benchmarks.md)."""
         return "torch._dynamo" in sys.modules and dynamo_wrapped(value) is self._manual_seed
 
 
@@ -184,7 +184,7 @@ DYNAMO_WRAPPER = torch._disable_dynamo(_no_op).__code__  # the code of its wrapp
 
 
 def dynamo_wrapped(value: Any) -> Any:
-    """The function a `torch._disable_dynamo` wrapper calls (None when `value` is no such wrapper, or an emptied one)."""
+    """The function a `torch._disable_dynamo` wrapper calls; None for anything else, or for an emptied wrapper."""
     if _getattr(value, "__code__", None) is not DYNAMO_WRAPPER:
         return None
     try:

@@ -19,8 +19,8 @@ TOP_KERNELS = 8
 def cuda_session(cpu: bool = True) -> torch.autograd.profiler.profile:
     """A profiling session of the CUDA activity (and the CPU's), through the autograd profiler that `torch.profiler`
     wraps: entering `torch.profiler.profile` asks whether `torch._inductor` is loaded, which imports it and
-    `torch._dynamo` (0.7-1.1 s on an H100's host), in each of an evaluation's two processes, since the fork server does
-    not import them (drkernel.sandbox.guards)."""
+    `torch._dynamo` (about half a second on an H100's host) in each of an evaluation's two processes, since the fork
+    server does not import them (drkernel.sandbox.guards)."""
     return torch.autograd.profiler.profile(use_cpu=cpu, use_device="cuda", use_kineto=True)
 
 
