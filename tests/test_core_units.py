@@ -902,7 +902,7 @@ def test_the_subject_lets_mapped_inputs_go_after_a_call_when_asked(tmp_path, mon
 
 
 def test_torch_dynamo_imported_after_the_snapshot_patches_nothing_but_a_wrapper_of_another_function_does() -> None:
-    """The guards import no torch._dynamo before their snapshot (a third of the fork server's start-up): its own
+    """The guards import no torch._dynamo before their snapshot (a quarter of the fork server's imports): its own
     replacement of torch.manual_seed must pass, anything else in its place must not. A fresh interpreter, so that
     torch._dynamo is not loaded already."""
     import subprocess
