@@ -306,21 +306,24 @@ def test_the_fork_server_leaves_its_start_up_out_of_the_collectors_passes() -> N
         gc.unfreeze()
 
 
-def test_cuda_call_timer_spins_then_flushes_right_before_the_timed_call() -> None:
-    """The order of what a timed call enqueues on the device (GPU calls stood in for by recorders): no persisting L2
-    lines, the spin that hides the host, then the flush, so the call meets the same cache whatever the spin's
-    length."""
-    order: list[str] = []
+def _recording_cuda_timer(order: list[str], idle_gap_ms: float) -> timing.CallTimer:
+    """A CallTimer whose GPU calls are recorders: each call's events read 1.0 ms from start to end and
+    `idle_gap_ms` from its end to the event recorded once the device is idle."""
+    made: list[str] = []
 
     class Event:
         def __init__(self, enable_timing: bool) -> None:
-            pass
+            self.role = ("start", "end", "idle")[len(made) % 3]
+            made.append(self.role)
 
         def record(self) -> None:
-            order.append("record")
+            order.append(f"record {self.role}")
+
+        def synchronize(self) -> None:
+            order.append(f"wait {self.role}")
 
         def elapsed_time(self, other: "Event") -> float:
-            return 1.0
+            return 1.0 if other.role == "end" else idle_gap_ms
 
     class L2:
         def clear(self) -> None:
@@ -334,9 +337,31 @@ def test_cuda_call_timer_spins_then_flushes_right_before_the_timed_call() -> Non
     timer._event, timer._l2, timer._sync = Event, L2(), lambda: order.append("sync")
     timer._spin = lambda cycles: order.append(f"spin {cycles}")
     timer._flush = type("Flush", (), {"zero_": lambda self: order.append("flush")})()
+    timer._segments = lambda: 0
+    timer.idle_gap_ms, timer.gap_tolerance_ms = 0.01, 0.002
+    return timer
+
+
+def test_cuda_call_timer_spins_then_flushes_right_before_the_timed_call() -> None:
+    """The order of what a timed call enqueues on the device (GPU calls stood in for by recorders): no persisting L2
+    lines, the spin that hides the host, then the flush, so the call meets the same cache whatever the spin's
+    length; after the call, the whole device is waited for and its idle marked by an event."""
+    order: list[str] = []
+    timer = _recording_cuda_timer(order, idle_gap_ms=0.011)
     _, elapsed_ms, _ = timer.timed(lambda: order.append("call"), [])
-    assert order == ["clear l2", "spin 500", "flush", "record", "call", "record", "sync"]
-    assert elapsed_ms == 1.0 and timer.l2_tampered  # a persisting-L2 setting changed by the call is noticed
+    assert order == ["clear l2", "spin 500", "flush", "record start", "call", "record end", "sync", "record idle",
+                     "wait idle"]
+    assert elapsed_ms == 1.0 and timer.unjoined_ms == 0.0  # within the empty call's gap: nothing counted
+    assert timer.l2_tampered  # a persisting-L2 setting changed by the call is noticed
+
+
+def test_cuda_call_timer_counts_work_left_running_on_other_streams() -> None:
+    """A call whose end event fires while work it started on other streams still runs is timed to the device's idle,
+    less the gap an empty call leaves."""
+    timer = _recording_cuda_timer([], idle_gap_ms=0.51)
+    _, elapsed_ms, _ = timer.timed(lambda: None, [])
+    assert elapsed_ms == pytest.approx(1.0 + 0.5)
+    assert timer.unjoined_ms == pytest.approx(0.51 - 0.01 - 0.002)
 
 
 def test_coverage_counts_only_exactly_named_own_kernels() -> None:
@@ -604,8 +629,8 @@ def test_the_output_buffers_are_made_at_the_warm_up_so_no_timed_call_allocates_t
     subject.warm({"staged": True}, [])  # a second warm-up copies into the same buffers
     subject.buffers[0].fill_(5.0)
     subject.timer = SimpleNamespace(cover_ms=0.0, l2_tampered=False, interruptions=[], driver_allocations=0,
-                                    stream=None, timed=lambda fn, args, on_idle: (fn(*args), 1.0, 1.0))
-    subject.conn = SimpleNamespace(send=lambda message: None)
+                                    stream=None, unjoined_ms=0.0, timed=lambda fn, args, on_idle: (fn(*args), 1.0, 1.0))
+    subject.thread = SimpleNamespace(tell=lambda message: None)
     timed = subject.time({"staged": True, "spin_ms": 0.0}, [])
     assert timed["outputs_staged"] is True and "outputs" not in timed and len(made) == made_at_warm_up
     assert subject.out_staging is staging and torch.equal(staging[0], torch.full((3,), 10.0))

@@ -173,12 +173,22 @@ def test_the_fork_servers_bytecode_is_its_own(tmp_path: Path) -> None:
 
 def test_an_evaluation_collects_garbage_though_its_fork_server_imported_without(sandbox) -> None:
     """The fork server imports with the cyclic collector off (its passes took a sixth of the imports' time on an H100's
-    host) and freezes what it made; the evaluations forked from it collect as any process does."""
+    host) and freezes what it made; the evaluation collects the candidate's cyclic garbage between requests, on the
+    candidate's own thread (drkernel.sandbox.relay: a finalizer never runs on the thread that holds the channel)."""
     probe = BODY.format(body="""
-        import gc
-        raise RuntimeError(f"{gc.isenabled()} {gc.get_freeze_count() > 100_000}")""")
+        import gc, weakref
+        if not hasattr(self, "cycle"):
+            class Cycle:
+                pass
+            for _ in range(5000):  # past the collector's first threshold
+                made = Cycle()
+                made.me = made
+            self.cycle = weakref.ref(made)
+            del made
+        else:
+            raise RuntimeError(f"{self.cycle() is None} {gc.isenabled()} {gc.get_freeze_count() > 100_000}")""")
     result = sandbox.evaluate(EvalRequest(REFERENCE, probe, options()))
-    assert result.error is not None and result.error.message == "True True", result.to_json(indent=1)
+    assert result.error is not None and result.error.message == "True False True", result.to_json(indent=1)
 
 
 def test_no_evaluation_imports_torch_dynamo(sandbox) -> None:

@@ -86,3 +86,15 @@ def engine_settings(settings: dict[str, Any], ray: str | None = None, service: s
             raise UsageError("name the engine once: --engine, or the older --ray / --service")
         engine["name"] = older
     return engine
+
+
+def warn_if_confinement_incomplete(engine_kind: str) -> None:
+    """One line on stderr, before anything runs, when evaluations on this machine would miss a confinement layer
+    (`drkernel doctor` lists them). Remote engines confine on their own machines."""
+    if engine_kind != "embedded":
+        return
+    from drkernel.runner.confinement import check_layers, missing_warning
+
+    warning = missing_warning(check_layers())
+    if warning:
+        err.print(f"[yellow]warning:[/yellow] {escape(warning)}")

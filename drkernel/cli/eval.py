@@ -11,7 +11,7 @@ from typing import Any, Optional
 
 import typer
 
-from drkernel.cli.common import engine_settings, flag, parse_ids, read_source
+from drkernel.cli.common import engine_settings, flag, parse_ids, read_source, warn_if_confinement_incomplete
 from drkernel.cli.options import Fields, config_options
 from drkernel.errors import UsageError
 from drkernel.scheduling.engine import EngineConfig
@@ -41,6 +41,7 @@ def eval_command(
     single, batch = (reference, candidate), (tasks, candidates)
     if any(single) and any(batch):
         raise UsageError("give either --reference/--candidate or --tasks/--candidates, not both")
+    warn_if_confinement_incomplete(engine.kind)
     if all(single):
         _eval_single(reference, candidate, options, engine, as_json)  # type: ignore[arg-type]
     elif all(batch):

@@ -7,6 +7,7 @@ import typer
 
 from drkernel.cli.bench import bench_command, export_sft_command
 from drkernel.cli.common import exit_codes
+from drkernel.cli.doctor import doctor_command
 from drkernel.cli.eval import eval_command, feedback_command
 from drkernel.cli.pretrained import pretrained_app
 from drkernel.cli.report import report_command
@@ -18,7 +19,8 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, help="KernelGym: e
 
 for name, command in (("eval", eval_command), ("feedback", feedback_command), ("report", report_command),
                       ("serve", serve_command), ("synth", synth_command), ("bench", bench_command),
-                      ("export-sft", export_sft_command), ("train", train_command)):
+                      ("export-sft", export_sft_command), ("train", train_command),
+                      ("doctor", doctor_command)):
     app.command(name)(exit_codes(command))
 
 app.add_typer(pretrained_app, name="pretrained")

@@ -14,7 +14,7 @@ from typing import Any, Optional
 
 import typer
 
-from drkernel.cli.common import engine_settings, err
+from drkernel.cli.common import engine_settings, err, warn_if_confinement_incomplete
 from drkernel.cli.options import Fields, config_options
 from drkernel.errors import UsageError
 from drkernel.scheduling.engine import EngineConfig, open_backend
@@ -42,6 +42,7 @@ def serve_command(
     if engine.kind == "service":
         raise UsageError(f"serve evaluates on this machine or a Ray cluster: --engine embedded or ray:..., not "
                          f"the service {engine.name}")
+    warn_if_confinement_incomplete(engine.kind)
     token = os.environ.get(token_env) or None
     if token is None and not is_loopback(host):
         raise UsageError(f"refusing to serve on {host} without a token: anyone who reaches it could run code here. "

@@ -3,10 +3,15 @@ reported (`Environment.confinement`) with the reason when it is not.
 
 - pid_namespace: a private PID and mount namespace with its own /proc (the fork server creates it per evaluation;
   see drkernel.sandbox.zygote): the candidate sees its own processes only, not their environments or command lines.
+  As root the fork server makes it directly; as an ordinary user, inside a user namespace of the evaluation's own
+  (`enter_user_namespaces`, as rootless containers do), which brings private network and IPC namespaces with it.
 - uid: started as root, the evaluation drops to an unprivileged uid when the Python installation is readable by
-  it, and otherwise stays uid 0 without any capability (root's own files stay readable, nothing else is).
+  it, and otherwise stays uid 0 without any capability (root's own files stay readable, nothing else is). In a user
+  namespace it keeps the user's own uid and gives up the capabilities the namespace granted it.
 - landlock: the kernel refuses every path but the Python installation, the system's libraries and tools, the
   devices and the evaluation's own working directory and Triton cache; no TCP; no signals out of the sandbox.
+- seccomp (the subject only): no tracing or reading of other processes, no new namespaces, no performance counters,
+  no io_uring (drkernel.sandbox.seccomp); the candidate's thread is also kept off the channel to the judge.
 
 Why all of this: the candidate's code is untrusted, and whatever it reads can come back in its error text, to the
 submitter, into RL trajectories and logs.
@@ -21,10 +26,11 @@ import shutil
 import stat
 import sys
 
-from drkernel.sandbox import landlock
+from drkernel.sandbox import landlock, seccomp
 
 SANDBOX_UID = SANDBOX_GID = 65534  # nobody / nogroup
-CLONE_NEWNS, CLONE_NEWPID = 0x00020000, 0x20000000
+CLONE_NEWNS, CLONE_NEWPID, CLONE_NEWUSER = 0x00020000, 0x20000000, 0x10000000
+CLONE_NEWNET, CLONE_NEWIPC = 0x40000000, 0x08000000
 MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REC, MS_PRIVATE = 2, 4, 8, 1 << 14, 1 << 18
 PR_CAPBSET_DROP, PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL = 24, 47, 4
 CAPABILITY_VERSION_3 = 0x20080522
@@ -55,6 +61,73 @@ def restore_pid_namespace(own: int) -> None:
     _check(_libc.setns(own, CLONE_NEWPID), "setns(CLONE_NEWPID)")
 
 
+def enter_user_namespaces() -> None:
+    """Make the caller (single-threaded: a fresh fork) the only member of a new user namespace in which it keeps its
+    own uid and gid, with new PID (for its next child), mount, network and IPC namespaces that the new user namespace
+    owns: there it may mount a /proc of its own, which root's path does with privileges it has outside."""
+    uid, gid = os.geteuid(), os.getegid()
+    _check(_libc.unshare(CLONE_NEWUSER | CLONE_NEWPID | CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWIPC),
+           "unshare(CLONE_NEWUSER|CLONE_NEWPID|CLONE_NEWNS|CLONE_NEWNET|CLONE_NEWIPC)")
+    for path, text in (("/proc/self/setgroups", "deny"), ("/proc/self/uid_map", f"{uid} {uid} 1"),
+                       ("/proc/self/gid_map", f"{gid} {gid} 1")):
+        with open(path, "w") as f:
+            f.write(text)
+
+
+def user_namespaces_refused() -> str:
+    """Why `enter_user_namespaces` and a private /proc in it fail here ("" when they work), with the fix: tried in a
+    throwaway child, as an evaluation would."""
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(read)
+        try:
+            enter_user_namespaces()
+        except OSError as exc:
+            os.write(write, f"unshare: {exc}".encode())
+            os._exit(1)
+        init = os.fork()
+        if init == 0:
+            try:
+                mount_private_proc()
+                os._exit(0)
+            except OSError as exc:
+                os.write(write, f"mount: {exc}".encode())
+                os._exit(1)
+        _, status = os.waitpid(init, 0)
+        os._exit(0 if status == 0 else 1)
+    os.close(write)
+    with os.fdopen(read, "rb") as f:
+        failure = f.read().decode(errors="replace")
+    _, status = os.waitpid(pid, 0)
+    if status == 0:
+        return ""
+    return f"unavailable: {failure or 'the probe failed'}; {_user_namespace_fix(failure)}"
+
+
+def _user_namespace_fix(failure: str) -> str:
+    """What a user (or an administrator) can change so that evaluations get their namespaces."""
+    def sysctl(name: str) -> str:
+        try:
+            with open("/proc/sys/" + name.replace(".", "/")) as f:
+                return f.read().strip()
+        except OSError:
+            return ""
+
+    if failure.startswith("mount"):
+        return ("fix: /proc cannot be mounted in a user namespace here (a container masks parts of the host's /proc); "
+                "run the container with an unmasked /proc (e.g. podman/docker --security-opt systempaths=unconfined)")
+    if sysctl("user.max_user_namespaces") == "0":
+        return "fix: sysctl -w user.max_user_namespaces=15000 (it is 0)"
+    if sysctl("kernel.unprivileged_userns_clone") == "0":
+        return "fix: sysctl -w kernel.unprivileged_userns_clone=1"
+    if sysctl("kernel.apparmor_restrict_unprivileged_userns") == "1":
+        return ("fix: AppArmor restricts unprivileged user namespaces (Ubuntu 23.10+): add an AppArmor profile with "
+                "'userns,' for this Python, or sysctl -w kernel.apparmor_restrict_unprivileged_userns=0")
+    return ("fix: a seccomp profile or security module refuses user namespaces (a container's default profile does): "
+            "run the container with a profile that allows unshare(CLONE_NEWUSER), or run drkernel as root")
+
+
 def mount_private_proc() -> None:
     """In a new mount namespace, a /proc of the caller's PID namespace: the processes of the sandbox only."""
     _check(_libc.unshare(CLONE_NEWNS), "unshare(CLONE_NEWNS)")
@@ -64,16 +137,33 @@ def mount_private_proc() -> None:
 
 # -- the evaluation process itself, after its set-up and before the candidate ----------------------------------
 
-def confine(workdir: str, triton_cache: str, private_proc: bool) -> dict[str, str]:
-    """Drop privileges, then restrict reads; returns what each layer did, for the result's environment."""
+def confine(workdir: str, triton_cache: str, private_proc: bool, filter_syscalls: bool = False) -> dict[str, str]:
+    """Drop privileges, then restrict reads, then (the subject's) system calls; returns what each layer did, for the
+    result's environment."""
     report = {"uid": _drop_privileges(workdir, triton_cache)}
     report["landlock"] = _restrict_paths(workdir, triton_cache, private_proc)
+    if filter_syscalls:
+        report["seccomp"] = _filter_syscalls()
     return report
+
+
+def _filter_syscalls() -> str:
+    reason = seccomp.supported()
+    if reason:
+        return reason
+    try:
+        seccomp.install(seccomp.process_filter(), all_threads=True)
+    except OSError as exc:
+        return f"unavailable: {exc}"
+    return "no tracing, namespaces, perf counters, io_uring, mounts or BPF (every thread)"
 
 
 def _drop_privileges(workdir: str, triton_cache: str) -> str:
     if os.geteuid() != 0:
-        return f"{os.geteuid()} (not started as root)"
+        if not _has_capabilities():
+            return f"{os.geteuid()} (not started as root)"
+        _drop_capabilities()  # those a user namespace of the evaluation's own granted
+        return f"{os.geteuid()} in a user namespace of its own, without capabilities"
     blocked = [p for p in _installation() if not _reachable_by_others(p)]
     blocked += [p for p in (workdir, triton_cache) if not _reachable_by_others(os.path.dirname(p), read=False)]
     if blocked:
@@ -99,6 +189,11 @@ def _drop_capabilities() -> None:
     _check(_libc.capset(header, data), "capset")
 
 
+def _has_capabilities() -> bool:
+    with open("/proc/self/status") as f:
+        return any(line.startswith("CapEff:") and int(line.split()[1], 16) for line in f)
+
+
 def _restrict_paths(workdir: str, triton_cache: str, private_proc: bool) -> str:
     abi = landlock.abi_version()
     if abi < 1:
@@ -122,7 +217,7 @@ def _installation() -> list[str]:
     compiler (never `/` or a bare home directory)."""
     homes = {"/", "/root", "/home", os.path.expanduser("~")} | set(glob.glob("/home/*"))
     paths = {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix, os.path.dirname(sys.executable)}
-    paths |= set(sys.path) | set(os.environ.get("LD_LIBRARY_PATH", "").split(":"))
+    paths |= _import_roots() | set(os.environ.get("LD_LIBRARY_PATH", "").split(":"))
     paths |= {os.environ.get(name, "") for name in ("CUDA_HOME", "CUDA_PATH", "TRITON_PTXAS_PATH")}
     # Triton's C compiler (CC, else gcc or clang on PATH) and binutils, wherever installed (/usr, /opt/gcc, ...).
     tools = [os.environ.get("CC", "")] + [shutil.which(name) or "" for name in ("gcc", "clang", "cc", "as", "ld")]
@@ -130,6 +225,25 @@ def _installation() -> list[str]:
         paths |= {os.path.dirname(os.path.dirname(t)) for t in (tool, os.path.realpath(tool))}
     paths = {p for p in paths if p and os.path.exists(p)}
     return sorted(os.path.realpath(p) for p in paths if os.path.realpath(p) not in homes)
+
+
+def _import_roots() -> set[str]:
+    """What imports may read: each entry of sys.path inside the installation (the standard library, site-packages),
+    and of any other entry (a project on PYTHONPATH, an editable install's source tree) only the packages loaded from
+    it, never the folder itself: a project's .env or keys beside its code stay out of reach."""
+    prefixes = {os.path.realpath(p) + os.sep for p in (sys.prefix, sys.base_prefix, sys.exec_prefix,
+                                                        sys.base_exec_prefix)}
+    roots = {p for p in sys.path if p and (os.path.realpath(p) + os.sep).startswith(tuple(prefixes))}
+    for module in list(sys.modules.values()):
+        origin = getattr(module, "__file__", None)
+        name = getattr(module, "__name__", "")
+        if not origin or "." in name:
+            continue
+        real = os.path.realpath(origin)
+        if any(real.startswith(prefix) for prefix in prefixes):
+            continue
+        roots.add(os.path.dirname(real) if os.path.basename(real) == "__init__.py" else real)
+    return roots
 
 
 def _reachable_by_others(path: str, read: bool = True) -> bool:

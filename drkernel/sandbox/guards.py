@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from drkernel.sandbox import audit, procfs
+from drkernel.sandbox import audit
 
 # Reason codes, one per exploit class: their one home is drkernel.schema.HackReason.
 from drkernel.schema import HackReason  # noqa: E402
@@ -273,10 +273,16 @@ class ThreadOrigins:
         return sorted(t.name for t in list(self.threads) if t.is_alive())
 
 
-def child_processes() -> set[int]:
-    """PIDs of live (non-zombie) children of this process."""
-    me = os.getpid()
-    return {p.pid for p in procfs.processes() if p.ppid == me and p.state != "Z"}
+def live_children() -> bool:
+    """Whether this process has a child still running (those that ended are reaped). Asked of the kernel, not read
+    from /proc: without a PID namespace of its own, an evaluation may not list other processes."""
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return False
+        if pid == 0:
+            return True
 
 
 # ---------------------------------------------------------------------------------------------------------------

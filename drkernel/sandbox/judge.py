@@ -476,6 +476,7 @@ class Judge:
         self.pairs = False  # large, and its correctness phase fits beside one other large evaluation's
         self.report: CorrectnessReport | None = None  # kept when a trial fails: the result says how far it got
         self.memory_gib: dict[str, float] = {}  # "PHASE_judge", "PHASE_subject": see `_memory_of`
+        self.result_environment: Environment | None = None  # where the subject's own confinement report goes
         self._rng = random.Random(secrets.randbits(64))  # trial seeds and checked calls: nobody else learns them
 
     @property
@@ -521,6 +522,10 @@ class Judge:
                                  seed=self.options.seed, check_hacks=self.options.check_hacks,
                                  allow_torch_glue=self.options.allow_torch_glue)
         self.notes += [str(n)[:500] for n in reply.get("notes", [])][:20]
+        layers = reply.get("confinement")  # the subject's word, shown as its own: it decides nothing
+        if isinstance(layers, dict) and self.result_environment is not None:
+            self.result_environment.confinement.update(
+                {f"subject_{k}"[:40]: str(v)[:300] for k, v in list(layers.items())[:10]})
 
     # -- correctness -----------------------------------------------------------------------------------------
 
@@ -1020,6 +1025,7 @@ def evaluate(request: EvalRequest, workdir: Path, device: torch.device, gate: De
     if opts.reference_mode != "compile":
         call_dynamo_disabled_directly()
     result = EvalResult(environment=environment(device))
+    judge.result_environment = result.environment
     failure: Failure | None = None
     try:
         with judge.sharing_gpu("reference"):

@@ -22,7 +22,9 @@ from typing import Any, Callable, Iterator
 
 import torch
 
-from drkernel.sandbox import audit, channel, correctness, guards, launches, loading, profiling, static_checks, timing
+from drkernel.sandbox import (
+    audit, channel, correctness, guards, launches, loading, profiling, relay, static_checks, timing,
+)
 from drkernel.sandbox.channel import Channel, Encoder
 from drkernel.schema import Status
 
@@ -57,8 +59,10 @@ class Refusal(Exception):
 
 
 class Subject:
-    def __init__(self, conn: Channel, scratch: Path, device: torch.device, gate_hooks: bool) -> None:
+    def __init__(self, conn: Channel, scratch: Path, device: torch.device, gate_hooks: bool,
+                 confinement: dict[str, str] | None = None) -> None:
         self.conn, self.scratch, self.device = conn, scratch, device
+        self.confinement = confinement or {}  # what confined this process (drkernel.sandbox.confine), for the judge
         self.findings = guards.Findings()
         self.recorder = launches.LaunchRecorder()
         self.sent = Encoder()  # what the judge may still be reading
@@ -77,32 +81,33 @@ class Subject:
     # -- the loop ----------------------------------------------------------------------------------------------
 
     def serve(self) -> None:
+        """Answer the judge's requests until `finish`: the harness's thread holds the channel, the handlers and the
+        candidate run on a thread of their own that cannot reach it (drkernel.sandbox.relay)."""
+        self.thread = relay.CandidateThread(self.conn, self._answer)
+        self.thread.serve()
+
+    def _answer(self, header: dict[str, Any], payloads: list[bytearray]) -> tuple[dict[str, Any], list[bytes]]:
         handlers = {"load": self.load, "call": self.call, "stage": self.stage, "warm": self.warm, "time": self.time,
                     "profile": self.profile, "ablate": self.ablate, "release": self.release, "finish": self.finish}
-        while True:
-            header, payloads = self.conn.receive()
-            op = header.get("op")
-            self.sent = Encoder()  # the judge has read the last reply: its memory may go
-            if self.device.type == "cuda":
-                torch.cuda.ipc_collect()  # shared blocks the judge has let go of are freed only here
-            started, self.mapping_s = time.perf_counter(), 0.0
-            try:
-                reply = handlers[op](header, payloads)
-            except Refusal as refusal:
-                reply = {"failure": refusal.failure}
-            except channel.ChannelClosed:
-                raise
-            except BaseException as exc:  # the candidate raised outside a checked call (ablation, profiling, timing)
-                reply = {"failure": self._classify(exc).failure}
-            self._sync()  # what the judge reads next is written, and what it wrote is read: no event is relied on
-            reply["findings"] = dict(self.findings.details)
-            if self.device.type == "cuda":  # the most this process's allocator held during the request
-                reply["peak_bytes"] = torch.cuda.max_memory_reserved(self.device)
-                torch.cuda.reset_peak_memory_stats(self.device)
-            reply["busy_s"] = time.perf_counter() - started - self.mapping_s  # the rest is the hand-over's cost
-            self.conn.send(reply, self.sent.payloads)
-            if op == "finish":
-                return
+        self.thread.collect()
+        op = header.get("op")
+        self.sent = Encoder()  # the judge has read the last reply: its memory may go
+        if self.device.type == "cuda":
+            torch.cuda.ipc_collect()  # shared blocks the judge has let go of are freed only here
+        started, self.mapping_s = time.perf_counter(), 0.0
+        try:
+            reply = handlers[op](header, payloads)
+        except Refusal as refusal:
+            reply = {"failure": refusal.failure}
+        except BaseException as exc:  # the candidate raised outside a checked call (ablation, profiling, timing)
+            reply = {"failure": self._classify(exc).failure}
+        self._sync()  # what the judge reads next is written, and what it wrote is read: no event is relied on
+        reply["findings"] = dict(self.findings.details)
+        if self.device.type == "cuda":  # the most this process's allocator held during the request
+            reply["peak_bytes"] = torch.cuda.max_memory_reserved(self.device)
+            torch.cuda.reset_peak_memory_stats(self.device)
+        reply["busy_s"] = time.perf_counter() - started - self.mapping_s  # the rest is the hand-over's cost
+        return reply, self.sent.payloads
 
     def _inputs(self, header: dict[str, Any], payloads: list[bytearray]) -> list[Any]:
         """The judge's inputs, copied into this process's own memory (the judge's stay the judge's)."""
@@ -177,7 +182,8 @@ class Subject:
             except BaseException as exc:
                 raise self._classify(exc)
         self.state_guard.check(self.findings)
-        return {"notes": notes}
+        channel_layer = self.thread.filtered or "the candidate's threads cannot reach it (seccomp)"
+        return {"notes": notes, "confinement": {**self.confinement, "channel": channel_layer}}
 
     # -- calls -----------------------------------------------------------------------------------------------
 
@@ -272,7 +278,7 @@ class Subject:
         self.recorder.take()
         with torch.no_grad(), self._candidate_running():  # the judge's clock stops once the device is idle
             out, event_ms, host_ms = self.timer.timed(_nothing if null else self.model, args,
-                                                      on_idle=lambda: self.conn.send({"timed": True}))
+                                                      on_idle=lambda: self.thread.tell({"timed": True}))
         own = [launch for launch in self.recorder.take() if launch.own]
         streams = {launch.stream for launch in own} - {self.timer.stream}
         if streams and self.device.type == "cuda":
@@ -283,7 +289,8 @@ class Subject:
                               "carve-out or an access-policy window): timed calls must meet a flushed cache.")
         handed = {} if null else self._handed_over(header, out)  # the judge's clock stopped at the signal above
         self.placed.keep(args, out)
-        return {"event_ms": event_ms, "host_ms": host_ms, "host_interruptions": self.timer.interruptions,
+        return {"event_ms": event_ms, "unjoined_ms": self.timer.unjoined_ms, "host_ms": host_ms,
+                "host_interruptions": self.timer.interruptions,
                 "driver_allocations": self.timer.driver_allocations, "own": len(own), **handed}
 
     def profile(self, header: dict[str, Any], payloads: list[bytearray]) -> dict[str, Any]:
@@ -359,7 +366,7 @@ class Subject:
 
     def _checked_call(self, args: list[Any], pristine: list[Any]) -> tuple[Any, dict[str, int]]:
         threads_before, started_before = self.thread_origins.alive(), self.thread_origins.started
-        children_before = guards.child_processes()
+        children_before = guards.live_children()
         self.recorder.take()
         ops = guards.TorchOpRecorder() if not self.allow_glue else nullcontext()
         with self._candidate_running(), ops:
@@ -390,12 +397,12 @@ class Subject:
             )
         threads = sorted(set(self.thread_origins.alive()) | set(threads_before))
         started = self.thread_origins.started - started_before
-        new_children = guards.child_processes() - children_before
+        new_children = guards.live_children() and not children_before
         if threads or started or new_children:
             self.findings.add(
                 guards.BACKGROUND_WORK,
                 f"forward worked outside its own thread (threads started: {started}, running: {threads or 'none'}, "
-                f"processes: {sorted(new_children) or 'none'}): all work must be done, on the GPU's current "
+                f"a process still running: {'yes' if new_children else 'no'}): all work must be done, on the GPU's current "
                 "stream, before forward returns.",
             )
         self.state_guard.check(self.findings)
@@ -430,15 +437,14 @@ class Subject:
         def before(*args: Any, **kwargs: Any) -> None:
             if not state["compiling"]:
                 self._sync()
-                self.conn.send({"compile": "start"})
+                self.thread.tell({"compile": "start"})
                 state["compiling"] = True
             return None  # anything true would make Triton skip the compilation
 
         def after(*args: Any, **kwargs: Any) -> None:
             if state["compiling"]:
                 state["compiling"] = False
-                self.conn.send({"compile": "end"})
-                self.conn.receive()  # the judge holds the gate again
+                self.thread.ask({"compile": "end"})  # answered once the judge holds the gate again
 
         knobs.runtime.jit_cache_hook, knobs.runtime.jit_post_compile_hook = before, after
 
@@ -516,8 +522,9 @@ def _paired(a: Any, b: Any, pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> b
     return a is b or (type(a) is type(b) and isinstance(a, (bool, int, float, str)) and a == b)
 
 
-def serve(conn: Channel, scratch: Path, device: torch.device, gate_hooks: bool) -> None:
-    Subject(conn, scratch, device, gate_hooks).serve()
+def serve(conn: Channel, scratch: Path, device: torch.device, gate_hooks: bool,
+          confinement: dict[str, str] | None = None) -> None:
+    Subject(conn, scratch, device, gate_hooks, confinement).serve()
 
 
 def trimmed_traceback(exc: BaseException, folder: Path) -> str:

@@ -11,10 +11,14 @@ its scratch folder), then the judge waits for the file `go` in its working direc
 reports on a pipe that only it holds: the subject never has it, and the judge is not dumpable, so the subject can
 reach neither its descriptors nor its memory. Nothing the subject writes is read as a result or a signal.
 
-Where the kernel allows (root), each evaluation gets a PID namespace of its own: the forked process is its PID 1,
-mounts a /proc of that namespace, forks the judge (PID 2) and becomes a small reaper (`REAPER`, exec'd so that it
-holds none of torch's memory) that hands the judge's wait status back through a pipe; when it ends, the kernel ends
-every process left in the namespace.
+Each evaluation gets a PID namespace of its own where the kernel allows: its PID 1 mounts a /proc of that namespace,
+forks the judge (PID 2) and becomes a small reaper (`REAPER`, exec'd so that it holds none of torch's memory) that
+hands the judge's wait status back through a pipe; when it ends, the kernel ends every process left in the
+namespace. As root the fork server makes the namespace itself (the forked process is PID 1). As an ordinary user, the
+forked process first enters a user namespace of its own with new PID, mount, network and IPC namespaces
+(`confine.enter_user_namespaces`), forks PID 1, and becomes a waiter (`WAITER`, exec'd too) that ends with it. Where
+neither is allowed (user namespaces disabled by a sysctl, an AppArmor rule or a container's seccomp profile), the
+evaluation runs without one, and its result's `environment.confinement` says why (`drkernel doctor` says so before).
 """
 
 from __future__ import annotations
@@ -56,7 +60,7 @@ import torch.fx.experimental.symbolic_shapes  # noqa: E402, F401
 import triton.runtime.interpreter  # noqa: E402, F401  (the launch recorder wraps its launcher)
 import triton.testing  # noqa: E402, F401
 
-from drkernel.sandbox import audit, channel, confine, isolate, judge, procfs, subject
+from drkernel.sandbox import audit, channel, confine, isolate, judge, procfs, relay, subject
 from drkernel.sandbox.gate import DeviceGate
 from drkernel.schema import EvalRequest, EvalResult, Status
 
@@ -76,11 +80,47 @@ while True:
 """
 
 
-def namespace_init(job: dict[str, Any], inherited_fds: list[int], report_fd: int, status_fd: int) -> None:
+WAITER = """
+import os, sys
+os.waitpid(int(sys.argv[1]), 0)
+"""
+
+# How evaluations get their PID namespace (`_namespaces`).
+ROOT_NAMESPACE, USER_NAMESPACE = "root", "user"
+
+
+def user_namespace_init(job: dict[str, Any], parent_pid: int, inherited_fds: list[int], report_fd: int,
+                        status_fd: int) -> None:
+    """The fork server's child where only an unprivileged user namespace can give the evaluation a PID namespace: it
+    leads the evaluation's process group (the supervisor kills and measures the group by its pid), enters the
+    namespaces, forks their PID 1 (`namespace_init`) and waits for it, exec'd into `WAITER`."""
+    try:
+        isolate.detach(parent_pid)
+        confine.enter_user_namespaces()
+    except BaseException as exc:
+        _report_result(report_fd, EvalResult.failure(Status.INVALID, "SandboxError", f"sandbox set-up failed: {exc!r}"))
+        os._exit(0)
+    init = os.fork()
+    if init == 0:
+        namespace_init(job, inherited_fds, report_fd, status_fd, leads_group=False)
+    os.close(report_fd)
+    os.close(status_fd)
+    _exec_small(WAITER, str(init))
+
+
+def _exec_small(program: str, *args: str) -> None:
+    """Become a small Python program that holds none of torch's memory and none of the fork server's pipes."""
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.execv(sys.executable, [sys.executable, "-S", "-I", "-c", program, *args])
+
+
+def namespace_init(job: dict[str, Any], inherited_fds: list[int], report_fd: int, status_fd: int,
+                   leads_group: bool = True) -> None:
     """PID 1 of the evaluation's PID namespace: mount its /proc, fork the judge, become the reaper."""
     try:
         os.chdir(job["workdir"])
-        isolate.detach(0)  # the fork server is outside the namespace: its pid reads as 0 from here
+        isolate.detach(0, new_session=leads_group)  # the parent is outside the namespace: its pid reads as 0 here
         confine.mount_private_proc()
     except BaseException as exc:
         _report_result(report_fd, EvalResult.failure(Status.INVALID, "SandboxError", f"sandbox set-up failed: {exc!r}"))
@@ -90,10 +130,8 @@ def namespace_init(job: dict[str, Any], inherited_fds: list[int], report_fd: int
         os.close(status_fd)
         child_main(job, 1, inherited_fds, report_fd, private_proc=True)
     os.close(report_fd)
-    null = os.open(os.devnull, os.O_RDONLY)
-    os.dup2(null, 0)  # the reaper holds none of the fork server's pipes
     os.set_inheritable(status_fd, True)
-    os.execv(sys.executable, [sys.executable, "-S", "-I", "-c", REAPER, str(evaluation), str(status_fd)])
+    _exec_small(REAPER, str(evaluation), str(status_fd))
 
 
 def child_main(job: dict[str, Any], parent_pid: int, inherited_fds: list[int], report_fd: int,
@@ -136,6 +174,7 @@ def child_main(job: dict[str, Any], parent_pid: int, inherited_fds: list[int], r
         started = time.perf_counter()
         confinement = confine.confine(workdir, job["triton_cache"], private_proc)
         confinement["pid_namespace"] = "private, own /proc" if private_proc else job["pid_namespace"]
+        confinement["user_namespace"] = job["user_namespace"]
         confine_s = time.perf_counter() - started
         while not os.path.exists("go"):
             time.sleep(GO_POLL_S)
@@ -148,7 +187,7 @@ def child_main(job: dict[str, Any], parent_pid: int, inherited_fds: list[int], r
         result.phases_s["start_latency"] = round(start_latency, 4)  # from the start signal to the judge
         result.phases_s["confine"] = round(confine_s, 4)  # before the start signal, overlapped with others' runs
         if result.environment is not None:
-            result.environment.confinement = confinement
+            result.environment.confinement = {**confinement, **result.environment.confinement}
         if networked:
             result.notes.append("sandbox: network namespace unavailable here; the candidate had network access")
     except isolate.LimitTooLow as exc:
@@ -174,8 +213,10 @@ def subject_main(job: dict[str, Any], scratch: Path, conn: Any, device: torch.de
                           TORCHINDUCTOR_CACHE_DIR=str(scratch / "torchinductor"))
         tempfile.tempdir = str(scratch)
         _prepare(device)
-        confine.confine(str(scratch), job["triton_cache"], private_proc)
-        subject.serve(channel.Channel(conn), scratch, device, gate_hooks=gate_named and device.type == "cuda")
+        conn = relay.channel_out_of_the_way(conn)
+        layers = confine.confine(str(scratch), job["triton_cache"], private_proc, filter_syscalls=True)
+        subject.serve(channel.Channel(conn), scratch, device, gate_hooks=gate_named and device.type == "cuda",
+                      confinement=layers)
     except channel.ChannelClosed:  # the judge is done with it
         pass
     except BaseException:
@@ -255,7 +296,7 @@ def serve() -> None:
     signal.set_wakeup_fd(wake_w)
     signal.signal(signal.SIGCHLD, lambda *_: None)
     own_pid_namespace = os.open("/proc/self/ns/pid", os.O_RDONLY | os.O_CLOEXEC)
-    no_namespace = _pid_namespace_unavailable(own_pid_namespace)
+    namespaces, no_namespace = _namespaces(own_pid_namespace)
     jobs: dict[int, tuple[str, int | None, int]] = {}  # pid -> (job id, the reaper's status pipe, the judge's reports)
     reports: dict[int, tuple[str, bytearray]] = {}  # the judge's report pipe -> (job id, an unfinished line)
     send, proto_fd = _sender()
@@ -279,8 +320,10 @@ def serve() -> None:
             for line in lines:
                 if line.strip():
                     job = json.loads(line)
-                    private = not no_namespace and confine.new_pid_namespace()
+                    private = namespaces == USER_NAMESPACE or (
+                        namespaces == ROOT_NAMESPACE and confine.new_pid_namespace())
                     job["pid_namespace"] = no_namespace or "unavailable: unshare(CLONE_NEWPID) failed"
+                    job["user_namespace"] = USER_NAMESPACE_NOTES.get(namespaces, "unavailable (see pid_namespace)")
                     status_r, status_w = os.pipe() if private else (None, None)
                     report_r, report_w = os.pipe()
                     pid = os.fork()
@@ -288,11 +331,14 @@ def serve() -> None:
                         fds = [wake_r, wake_w, proto_fd, own_pid_namespace, report_r, *reports]
                         if private:
                             os.close(status_r)
+                            if namespaces == USER_NAMESPACE:
+                                user_namespace_init(job, me, fds, report_w, status_w)
                             namespace_init(job, fds, report_w, status_w)
                         child_main(job, me, fds, report_w)
                     os.close(report_w)
                     if private:
-                        confine.restore_pid_namespace(own_pid_namespace)
+                        if namespaces == ROOT_NAMESPACE:
+                            confine.restore_pid_namespace(own_pid_namespace)
                         os.close(status_w)
                     jobs[pid] = (job["id"], status_r, report_r)
                     reports[report_r] = (job["id"], bytearray())
@@ -330,20 +376,36 @@ def _ready(fd: int) -> bool:
     return bool(select.select([fd], [], [], 0)[0])
 
 
-def _pid_namespace_unavailable(own_pid_namespace: int) -> str:
-    """Why evaluations cannot have a PID namespace here ("" when they can): tried once, in a throwaway child."""
-    if not confine.new_pid_namespace():
-        return f"unavailable: unshare(CLONE_NEWPID): {os.strerror(ctypes.get_errno() or 1)} (needs root)"
+USER_NAMESPACE_NOTES = {ROOT_NAMESPACE: "not needed (started as root)",
+                        USER_NAMESPACE: "private (the user's own uid and gid mapped), with network and IPC namespaces"}
+
+
+def _namespaces(own_pid_namespace: int) -> tuple[str, str]:
+    """How evaluations get a PID namespace here (`ROOT_NAMESPACE` or `USER_NAMESPACE`), or "" and why they cannot."""
+    if confine.new_pid_namespace():
+        if _tried(confine.mount_private_proc, own_pid_namespace):
+            return ROOT_NAMESPACE, ""
+        root_refusal = "unavailable: cannot mount a private /proc (no mount namespace)"
+    else:
+        root_refusal = f"unavailable: unshare(CLONE_NEWPID): {os.strerror(ctypes.get_errno() or 1)} (needs root)"
+    reason = confine.user_namespaces_refused()
+    if not reason:
+        return USER_NAMESPACE, ""
+    return "", f"{root_refusal}; {reason}"
+
+
+def _tried(step: Any, own_pid_namespace: int) -> bool:
+    """Whether `step` works in the PID 1 of the namespace `new_pid_namespace` just made (a throwaway child)."""
     pid = os.fork()
     if pid == 0:
         try:
-            confine.mount_private_proc()
+            step()
             os._exit(0)
         except BaseException:
             os._exit(1)
     confine.restore_pid_namespace(own_pid_namespace)
     _, status = os.waitpid(pid, 0)
-    return "" if status == 0 else "unavailable: cannot mount a private /proc (no mount namespace)"
+    return status == 0
 
 
 def _reap(jobs: dict[int, tuple[str, int | None, int]], reports: dict[int, tuple[str, bytearray]],

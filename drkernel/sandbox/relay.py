@@ -1,0 +1,110 @@
+"""The subject's two threads: the harness's, which alone holds the channel to the judge, and the candidate's, which
+runs the harness's handlers and every line of candidate code, under a system-call filter that keeps it (and every
+thread it starts) off the channel's descriptor (drkernel.sandbox.seccomp.channel_filter).
+
+Why two: a candidate that finds the channel (`os.fstat` over descriptor numbers is enough) could otherwise read the
+judge's requests and answer them itself, claiming launches, ablations, profiles and timings it never made. The
+harness's thread never runs candidate code: the cyclic garbage collector, which runs finalizers on whichever thread
+it interrupts, is driven from the candidate's thread only (`CandidateThread.collect`).
+"""
+
+from __future__ import annotations
+
+import _thread
+import fcntl
+import gc
+import os
+import queue
+import resource
+import socket
+from typing import Any, Callable
+
+from drkernel.sandbox import seccomp
+from drkernel.sandbox.channel import Channel
+
+TELL, ASK, REPLY = "tell", "ask", "reply"  # a message to the judge: no answer awaited, one awaited, the request's end
+HIGHEST_CHANNEL_FD = 4095
+Handler = Callable[[dict[str, Any], list[bytearray]], tuple[dict[str, Any], list[bytes]]]
+
+
+def channel_out_of_the_way(sock: socket.socket) -> socket.socket:
+    """The channel moved to the highest descriptor the process may hold: a filter names it by number, and processes
+    the candidate's thread starts (Triton's compiler, which inherits the filter) open files from the lowest free
+    number up, so theirs never meet it."""
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    target = HIGHEST_CHANNEL_FD if soft == resource.RLIM_INFINITY else min(soft - 1, HIGHEST_CHANNEL_FD)
+    for number in range(target, 2, -1):
+        try:
+            os.fstat(number)
+        except OSError:
+            break
+    else:
+        raise OSError("no free descriptor for the channel")
+    moved = fcntl.fcntl(sock.fileno(), fcntl.F_DUPFD_CLOEXEC, number)
+    sock.close()
+    return socket.socket(fileno=moved)
+
+
+class CandidateThread:
+    """Runs each request's handler on the candidate's thread and relays what it says to the judge."""
+
+    def __init__(self, conn: Channel, handle: Handler) -> None:
+        self.conn, self.handle = conn, handle
+        self.to_worker: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self.to_judge: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self.filtered = ""  # why the candidate's thread is not filtered ("" when it is)
+
+    def serve(self) -> None:
+        """The harness's thread: receive a request, relay the handler's messages, until `finish` is answered."""
+        gc.disable()  # collections run on the candidate's thread (`collect`), never here
+        _thread.start_new_thread(self._work, ())  # no threading.Thread: nothing in `threading` leads to it
+        while True:
+            request = self.conn.receive()
+            self.to_worker.put(request)
+            while True:
+                kind, header, payloads = self.to_judge.get()
+                self.conn.send(header, payloads)
+                if kind == REPLY:
+                    break
+                self.to_worker.put(self.conn.receive() if kind == ASK else None)
+            if request[0].get("op") == "finish":
+                return
+
+    def _work(self) -> None:
+        try:
+            seccomp.install(seccomp.channel_filter([self.conn.fileno()]))
+        except OSError as exc:
+            self.filtered = f"unavailable: {exc}"
+        while True:
+            header, payloads = self.to_worker.get()
+            try:
+                reply, reply_payloads = self.handle(header, payloads)
+            except BaseException as exc:  # the handler answers failures itself; this is the harness's own
+                reply, reply_payloads = {"failure": {"status": "crashed", "kind": "SandboxError",
+                                                     "message": f"the subject's handler failed: {exc!r}",
+                                                     "traceback": ""}}, []
+            self.to_judge.put((REPLY, reply, reply_payloads))
+            if header.get("op") == "finish":
+                return
+
+    def tell(self, header: dict[str, Any]) -> None:
+        """A message to the judge in the middle of a request; returns once it is sent (this thread waits, so the
+        harness's takes the interpreter at once: a timed call's end reaches the judge's clock without delay)."""
+        self.to_judge.put((TELL, header, []))
+        self.to_worker.get()
+
+    def ask(self, header: dict[str, Any]) -> tuple[dict[str, Any], list[bytearray]]:
+        """A message to the judge, and the judge's answer to it."""
+        self.to_judge.put((ASK, header, []))
+        return self.to_worker.get()
+
+    @staticmethod
+    def collect() -> None:
+        """The collection the interpreter would have made by now (its thresholds), on this thread, between requests:
+        automatic collection is off in this process (`serve`), so cyclic garbage made inside one request waits for
+        the next."""
+        counts, thresholds = gc.get_count(), gc.get_threshold()
+        for generation in (2, 1, 0):
+            if counts[generation] > thresholds[generation]:
+                gc.collect(generation)
+                return
