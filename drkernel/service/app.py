@@ -180,7 +180,7 @@ class Guard:
                 await send({"type": "websocket.close", "code": 1008, "reason": "missing or wrong bearer token"})
                 return
             if scope["type"] == "http":
-                refusal = self._refusal(scope, headers, found) or self._cookie_login(scope, found)
+                refusal = self._refusal(scope, headers, found) or self._cookie_login(scope)
                 if refusal is not None:
                     status, body, extra = refusal
                     await _send_json(send, status, body, extra)
@@ -197,7 +197,10 @@ class Guard:
             if who is not None:
                 return True, who[0]
         if _dashboard_read(scope):
-            cookie = http.cookies.SimpleCookie(headers.get("cookie", "")).get(DASHBOARD_COOKIE)
+            cookies: http.cookies.SimpleCookie = http.cookies.SimpleCookie()
+            with contextlib.suppress(http.cookies.CookieError):  # a malformed Cookie header is no cookie
+                cookies.load(headers.get("cookie", ""))
+            cookie = cookies.get(DASHBOARD_COOKIE)
             who = None if cookie is None else _match(cookie.value, self.cookies)
             if who is not None:
                 return True, who[0]
@@ -221,7 +224,7 @@ class Guard:
         """A dashboard GET with a right ?token=: answered by `_cookie_login`."""
         return _dashboard_read(scope) and _match(_query_token(scope), self.principals) is not None
 
-    def _cookie_login(self, scope: Scope, found: bool) -> tuple[int, dict, dict] | None:
+    def _cookie_login(self, scope: Scope) -> tuple[int, dict, dict] | None:
         """Trade ?token= for the cookie, and drop the token from the address (history, logs, the Referer)."""
         token = _query_token(scope) if _dashboard_read(scope) else ""
         if not token or not self.principals:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import sqlite3
 import threading
@@ -55,9 +56,10 @@ LISTED_COLUMNS = {
     "task_name": "TEXT NOT NULL DEFAULT ''",
     "client": "TEXT NOT NULL DEFAULT ''",  # the name of the token that submitted it ('' without named clients)
     "hack_reasons": "TEXT NOT NULL DEFAULT ''",  # space-separated, as in the result
+    "speedup": "REAL",  # the result's, so a listing parses no result's JSON
 }
 LATEST_COLUMNS = ("id", "state", "status", "task_name", "client", "hack_reasons", "cached", "submitted_at",
-                  "finished_at")
+                  "finished_at", "speedup")
 
 
 @dataclass
@@ -228,11 +230,11 @@ class Store:
         return {"queued": 0, "running": 0, "done": 0, **dict(rows)}
 
     def latest(self, filters: RowFilter, limit: int) -> list[dict[str, Any]]:
-        """The newest rows that pass `filters` (LATEST_COLUMNS, and the result's speedup), newest first."""
+        """The newest rows that pass `filters` (LATEST_COLUMNS), newest first."""
         where, params = filters.where()
-        rows = self._read(f"SELECT {', '.join(LATEST_COLUMNS)}, json_extract(result, '$.speedup') FROM evaluations "
-                          f"{where} ORDER BY seq DESC LIMIT ?", (*params, limit))
-        return [dict(zip((*LATEST_COLUMNS, "speedup"), row)) for row in rows]
+        rows = self._read(f"SELECT {', '.join(LATEST_COLUMNS)} FROM evaluations {where} ORDER BY seq DESC LIMIT ?",
+                          (*params, limit))
+        return [dict(zip(LATEST_COLUMNS, row)) for row in rows]
 
     def finished_since(self, since: float, bucket_s: float, client: str | None = None) -> list[tuple[Any, ...]]:
         """(bucket, status, hack_reasons, rows, cached rows) of the rows finished since `since`, `bucket` counting
@@ -265,9 +267,9 @@ class Store:
         """Mark one row done with a result; False when it was done already."""
         cursor = db.execute(
             "UPDATE evaluations SET state = 'done', result = ?, status = ?, reusable = ?, cached = ?, "
-            "finished_at = ?, hack_reasons = ? WHERE id = ? AND state != 'done'",
+            "finished_at = ?, hack_reasons = ?, speedup = ? WHERE id = ? AND state != 'done'",
             (result.to_json(), result.status, cacheable(result), cached, time.time(), " ".join(result.hack_reasons),
-             id),
+             _finite(result.speedup), id),
         )
         return cursor.rowcount > 0
 
@@ -282,3 +284,8 @@ class Store:
                 self._db.execute("ROLLBACK")
                 raise
             self._db.execute("COMMIT")
+
+
+def _finite(value: float | None) -> float | None:
+    """A number for a column the dashboard sends as JSON, which has no NaN or infinity."""
+    return value if value is not None and math.isfinite(value) else None
