@@ -10,7 +10,7 @@ import pytest
 
 from drkernel.schema import ErrorInfo, EvalOptions, EvalRequest, EvalResult, Status
 from drkernel.scheduling.cache import cache_key, cacheable
-from drkernel.service.store import Store
+from drkernel.service.store import RowFilter, Store
 
 
 def request(candidate: str = "class ModelNew: ...", **options: object) -> EvalRequest:
@@ -143,3 +143,22 @@ def test_the_store_and_its_wal_are_readable_by_the_server_only(tmp_path: Path) -
         store.close()
     assert modes == {"store.db": 0o600, "store.db-wal": 0o600, "store.db-shm": 0o600}
     assert path.parent.stat().st_mode & 0o777 == 0o700
+
+
+def test_a_store_from_before_the_dashboard_gains_its_columns(tmp_path: Path) -> None:
+    import sqlite3
+
+    path = tmp_path / "old.db"
+    with sqlite3.connect(path) as db:  # the evaluations table as it was, with one finished row
+        db.execute("CREATE TABLE evaluations (seq INTEGER PRIMARY KEY AUTOINCREMENT, id TEXT NOT NULL UNIQUE, "
+                   "state TEXT NOT NULL, key TEXT NOT NULL, request TEXT NOT NULL, result TEXT, status TEXT, "
+                   "reusable INTEGER NOT NULL DEFAULT 0, cached INTEGER NOT NULL DEFAULT 0, submitted_at REAL NOT "
+                   "NULL, finished_at REAL)")
+        db.execute("INSERT INTO evaluations (id, state, key, request, status, submitted_at, finished_at) VALUES "
+                   "('old', 'done', 'k', '{}', 'correct', 1.0, 2.0)")
+    store = Store(path)
+    add_one(store, EvalRequest("class Model: ...", "class ModelNew: ...", task_name="relu"))
+    rows = store.latest(RowFilter(), 10)
+    assert [(r["id"] == "old", r["task_name"], r["client"]) for r in rows] == [(False, "relu", ""), (True, "", "")]
+    assert [r["id"] for r in store.latest(RowFilter(task="rel"), 10)] == [rows[0]["id"]]
+    store.close()

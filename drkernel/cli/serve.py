@@ -7,6 +7,7 @@ pays for them nor needs the `serve` extra.
 from __future__ import annotations
 
 import ipaddress
+import json
 import os
 import socket
 from pathlib import Path
@@ -34,22 +35,20 @@ def serve_command(
                                   help="Environment variable holding the bearer token clients must send."),
     retention_days: float = typer.Option(30.0, "--retention-days", min=0.0,
                                          help="Delete finished evaluations older than this; 0 keeps them all."),
+    clients_file: Optional[Path] = typer.Option(
+        None, "--clients-file", help="JSON object of client name -> token: each client sees only its own "
+                                     "submissions (the token in --token-env sees them all)."),
 ) -> None:
-    """Serve evaluations over HTTP: /v1/evaluations, KernelGYM's /evaluate, /metrics, /docs; the engine is embedded
-    or a Ray cluster."""
+    """Serve evaluations over HTTP: /v1/evaluations, KernelGYM's /evaluate, /metrics, /docs, the dashboard at
+    /dashboard; the engine is embedded or a Ray cluster."""
     engine = EngineConfig.from_dict(engine_settings(settings, ray=ray))
     device = EvalOptions.from_dict(settings.get("evaluation")).device
     if engine.kind == "service":
         raise UsageError(f"serve evaluates on this machine or a Ray cluster: --engine embedded or ray:..., not "
                          f"the service {engine.name}")
     warn_if_confinement_incomplete(engine.kind)
-    token = os.environ.get(token_env) or None
-    if token is None and not is_loopback(host):
-        raise UsageError(f"refusing to serve on {host} without a token: anyone who reaches it could run code here. "
-                         f"Set {token_env} (clients then send 'Authorization: Bearer <token>'), or bind to 127.0.0.1.")
-    if token is None:
-        err.print(f"[yellow]no token in ${token_env}:[/yellow] serving on loopback ({host}) only, without "
-                  "authentication; every local user can submit.")
+    clients = read_clients(clients_file) if clients_file else {}
+    token = serving_token(host, token_env, "run code here", named=bool(clients))
     try:
         import uvicorn
 
@@ -66,7 +65,39 @@ def serve_command(
     dispatcher = Dispatcher(Store(store), backend, backend.device,
                             retention_s=retention_days * 86400 if retention_days > 0 else None)
     err.print(f"store: {store}; device: {backend.device}; workers: {len(backend.workers())}")
-    uvicorn.run(create_app(dispatcher, token), host=host, port=port, timeout_graceful_shutdown=5)
+    err.print(f"dashboard: http://{host}:{port}/dashboard" + ("?token=<token> (once per browser)" if token or clients
+                                                               else ""))
+    uvicorn.run(create_app(dispatcher, token, clients), host=host, port=port, timeout_graceful_shutdown=5)
+
+
+def serving_token(host: str, token_env: str, risk: str, named: bool = False) -> str | None:
+    """The bearer token in `token_env`; without one (and without named clients) only loopback is served."""
+    token = os.environ.get(token_env) or None
+    if token is None and not named and not is_loopback(host):
+        raise UsageError(f"refusing to serve on {host} without a token: anyone who reaches it could {risk}. "
+                         f"Set {token_env} (clients then send 'Authorization: Bearer <token>'), or bind to 127.0.0.1.")
+    if token is None and not named:
+        err.print(f"[yellow]no token in ${token_env}:[/yellow] serving on loopback ({host}) only, without "
+                  "authentication; every local user can reach it.")
+    return token
+
+
+def read_clients(path: Path) -> dict[str, str]:
+    """--clients-file: a JSON object of client name -> token, names printable, tokens distinct and 16+ chars."""
+    try:
+        clients = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise UsageError(f"--clients-file {path}: {exc}") from exc
+    if not isinstance(clients, dict) or not clients:
+        raise UsageError(f"--clients-file {path}: expected a JSON object of client name -> token")
+    for name, token in clients.items():
+        if not name or len(name) > 200 or not name.isprintable():
+            raise UsageError(f"--clients-file {path}: client name {name!r} must be 1-200 printable characters")
+        if not isinstance(token, str) or len(token) < 16:
+            raise UsageError(f"--clients-file {path}: the token of {name!r} must be a string of 16+ characters")
+    if len(set(clients.values())) < len(clients):
+        raise UsageError(f"--clients-file {path}: two clients share a token")
+    return clients
 
 
 def is_loopback(host: str) -> bool:

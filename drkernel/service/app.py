@@ -1,17 +1,25 @@
 """The FastAPI application: /v1 evaluations, health, workers, Prometheus metrics, and KernelGYM's /evaluate.
 
-`create_app(dispatcher, token)` builds it around a `Dispatcher` (which owns the store and the backend); the app's
-lifespan starts the dispatcher (resuming unfinished work) and closes it. Every path but /v1/health needs
+`create_app(dispatcher, token, clients)` builds it around a `Dispatcher` (which owns the store and the backend); the
+app's lifespan starts the dispatcher (resuming unfinished work) and closes it. Every path but /v1/health needs
 `Authorization: Bearer <token>` when a token is given; request bodies are capped before they are read.
+
+Named clients (`clients`: name -> token) are kept apart: each sees only its own submissions, while `token` is the
+operator's, who sees them all. A browser, which cannot send a bearer token, gets the dashboard (/dashboard, read-only
+GETs) by opening it once with `?token=...`: the answer is a redirect that sets an HttpOnly, SameSite=Strict cookie
+holding an HMAC of the token (never the token itself, so the cookie opens nothing but the dashboard).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import hmac
+import http.cookies
 import json
-from typing import Any, AsyncIterator, Union
+import urllib.parse
+from typing import Any, AsyncIterator, Mapping, Union
 
 from fastapi import APIRouter, FastAPI, HTTPException, Query, Request
 from fastapi.exceptions import RequestValidationError
@@ -19,7 +27,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from drkernel.schema import EvalRequest
-from drkernel.service import MAX_WAIT_S, kernelgym
+from drkernel.service import MAX_WAIT_S, dashboard, kernelgym, viewer, visible
 from drkernel.service.dispatcher import Dispatcher
 from drkernel.service.models import (
     SUBMISSION_TAGS,
@@ -36,10 +44,13 @@ HEALTH_PATH = "/v1/health"
 OPEN_PATHS = frozenset({HEALTH_PATH, "/docs", "/docs/oauth2-redirect", "/redoc", "/openapi.json"})
 MAX_BODY_BYTES = 64 << 20  # a batch of 1000 items fits unless its sources are large
 PROMETHEUS_TEXT = "text/plain; version=0.0.4; charset=utf-8"
+DASHBOARD_COOKIE = "drkernel_dashboard"
+TOKEN_PARAMETER = "token"  # /dashboard?token=...: the browser's way in, once
 
 
-def create_app(dispatcher: Dispatcher, token: str | None = None) -> FastAPI:
-    """The app around `dispatcher`, which it starts and closes; `token` None leaves every path open."""
+def create_app(dispatcher: Dispatcher, token: str | None = None, clients: Mapping[str, str] | None = None) -> FastAPI:
+    """The app around `dispatcher`, which it starts and closes; `token` (the operator's) and `clients` (name ->
+    token) None leave every path open."""
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -53,32 +64,34 @@ def create_app(dispatcher: Dispatcher, token: str | None = None) -> FastAPI:
         version="1.0",
         lifespan=lifespan,
     )
-    app.add_middleware(Guard, token=token, max_body=MAX_BODY_BYTES)
+    app.add_middleware(Guard, token=token, max_body=MAX_BODY_BYTES, clients=clients)
     app.add_exception_handler(RequestValidationError, _validation_error)  # type: ignore[arg-type]
     app.include_router(_v1(dispatcher))
     app.include_router(_metrics(dispatcher))
     app.include_router(kernelgym.router(dispatcher))
+    app.include_router(dashboard.router(dashboard.ServiceEvaluations(dispatcher, separated=bool(clients))))
     return app
+
 
 
 def _v1(dispatcher: Dispatcher) -> APIRouter:
     api = APIRouter(prefix="/v1", tags=["evaluations"])
 
     @api.post("/evaluations", response_model=Union[SubmittedOut, BatchSubmittedOut])
-    async def submit(body: SubmissionIn) -> dict[str, Any]:
+    async def submit(body: SubmissionIn, http: Request) -> dict[str, Any]:
         """Store one evaluation (or a batch under "items"); the answer comes once it is durably stored."""
         items = body.items if isinstance(body, BatchIn) else [body]
         requests = [item.to_request() for item in items]
         for request in requests:
             _check_device(request, dispatcher.device)
-        ids = await asyncio.to_thread(dispatcher.submit, requests)
+        ids = await asyncio.to_thread(dispatcher.submit, requests, viewer(http) or "")
         return {"ids": ids} if isinstance(body, BatchIn) else {"id": ids[0]}
 
     @api.get("/evaluations/{id}", response_model=EvaluationOut)
-    async def get(id: str, wait: float = Query(0.0, ge=0.0, le=MAX_WAIT_S)) -> EvaluationOut:
+    async def get(id: str, http: Request, wait: float = Query(0.0, ge=0.0, le=MAX_WAIT_S)) -> EvaluationOut:
         """The evaluation's state and, once done, its result; `wait` long-polls up to that many seconds."""
         record = await dispatcher.wait(id, timeout=wait)
-        if record is None:
+        if record is None or not visible(record.client, viewer(http)):
             raise HTTPException(404, f"no evaluation with id {id!r}")
         return EvaluationOut(id=record.id, state=record.state, result=record.result)  # type: ignore[arg-type]
 
@@ -147,41 +160,108 @@ async def _validation_error(request: Request, exc: RequestValidationError) -> JS
 
 
 class Guard:
-    """ASGI middleware: the bearer token (all paths but OPEN_PATHS) and the body size cap, checked before any work."""
+    """ASGI middleware: who asks (a bearer token; on the dashboard's GETs, its cookie) for all paths but OPEN_PATHS,
+    and the body size cap, checked before any work. The named client asking goes to `scope["state"]["client"]`."""
 
-    def __init__(self, app: ASGIApp, token: str | None, max_body: int) -> None:
-        self.app, self.token, self.max_body = app, token, max_body
+    def __init__(self, app: ASGIApp, token: str | None, max_body: int, clients: Mapping[str, str] | None = None
+                 ) -> None:
+        self.app, self.max_body = app, max_body
+        self.principals: list[tuple[str, str | None]] = [(t, name) for name, t in (clients or {}).items()]
+        if token:
+            self.principals.append((token, None))
+        self.cookies = [(cookie_value(t), who) for t, who in self.principals]
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http":
+        if scope["type"] in ("http", "websocket"):
             headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
-            refusal = self._refusal(scope, headers)
-            if refusal is not None:
-                status, message, extra = refusal
-                await _send_json(send, status, {"detail": message}, extra)
-                return
-        elif scope["type"] == "websocket" and self.token:  # a WebSocket session (the OpenEnv server's) is refused
-            headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
-            if not self._authorized(headers):
+            found, who = self._principal(scope, headers)
+            scope.setdefault("state", {})["client"] = who
+            if scope["type"] == "websocket" and not found:  # a WebSocket session (the OpenEnv server's)
                 await send({"type": "websocket.close", "code": 1008, "reason": "missing or wrong bearer token"})
                 return
+            if scope["type"] == "http":
+                refusal = self._refusal(scope, headers, found) or self._cookie_login(scope)
+                if refusal is not None:
+                    status, body, extra = refusal
+                    await _send_json(send, status, body, extra)
+                    return
         await self.app(scope, receive, send)
 
-    def _refusal(self, scope: Scope, headers: dict[str, str]) -> tuple[int, str, dict[str, str]] | None:
-        if self.token and scope["path"] not in OPEN_PATHS and not self._authorized(headers):
-            return 401, "missing or wrong bearer token (Authorization: Bearer <token>)", {"www-authenticate": "Bearer"}
+    def _principal(self, scope: Scope, headers: dict[str, str]) -> tuple[bool, str | None]:
+        """(authorized, the named client or None); everyone is authorized on a server without tokens."""
+        if not self.principals:
+            return True, None
+        scheme, _, given = headers.get("authorization", "").partition(" ")
+        if scheme.lower() == "bearer":
+            who = _match(given.strip(), self.principals)
+            if who is not None:
+                return True, who[0]
+        if _dashboard_read(scope):
+            cookies: http.cookies.SimpleCookie = http.cookies.SimpleCookie()
+            with contextlib.suppress(http.cookies.CookieError):  # a malformed Cookie header is no cookie
+                cookies.load(headers.get("cookie", ""))
+            cookie = cookies.get(DASHBOARD_COOKIE)
+            who = None if cookie is None else _match(cookie.value, self.cookies)
+            if who is not None:
+                return True, who[0]
+        return False, None
+
+    def _refusal(self, scope: Scope, headers: dict[str, str], found: bool) -> tuple[int, dict, dict] | None:
+        if not found and scope["path"] not in OPEN_PATHS and not self._token_login(scope):
+            message = "missing or wrong bearer token (Authorization: Bearer <token>)"
+            if _dashboard_read(scope):
+                message += f"; in a browser, open {dashboard.PREFIX}?{TOKEN_PARAMETER}=<token> once"
+            return 401, {"detail": message}, {"www-authenticate": "Bearer"}
         if scope["method"] in ("POST", "PUT", "PATCH"):
             length = headers.get("content-length")
             if length is None or not length.isdigit():
-                return 411, "a Content-Length header is required", {}
+                return 411, {"detail": "a Content-Length header is required"}, {}
             if int(length) > self.max_body:
-                return 413, f"request body of {int(length)} bytes exceeds the {self.max_body} byte limit", {}
+                return 413, {"detail": f"request body of {int(length)} bytes exceeds the {self.max_body} byte limit"}, {}
         return None
 
-    def _authorized(self, headers: dict[str, str]) -> bool:
-        scheme, _, given = headers.get("authorization", "").partition(" ")
-        assert self.token is not None
-        return scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode(), self.token.encode())
+    def _token_login(self, scope: Scope) -> bool:
+        """A dashboard GET with a right ?token=: answered by `_cookie_login`."""
+        return _dashboard_read(scope) and _match(_query_token(scope), self.principals) is not None
+
+    def _cookie_login(self, scope: Scope) -> tuple[int, dict, dict] | None:
+        """Trade ?token= for the cookie, and drop the token from the address (history, logs, the Referer)."""
+        token = _query_token(scope) if _dashboard_read(scope) else ""
+        if not token or not self.principals:
+            return None
+        if _match(token, self.principals) is None:
+            return None  # a wrong ?token= beside a right header or cookie: serve the page
+        rest = [(k, v) for k, v in urllib.parse.parse_qsl(scope["query_string"].decode("latin-1"))
+                if k != TOKEN_PARAMETER]
+        location = scope["path"] + (f"?{urllib.parse.urlencode(rest)}" if rest else "")
+        cookie = (f"{DASHBOARD_COOKIE}={cookie_value(token)}; Path={dashboard.PREFIX}; HttpOnly; SameSite=Strict; "
+                  f"Max-Age={7 * 86400}")
+        return 303, {"detail": "signed in"}, {"location": location, "set-cookie": cookie, "cache-control": "no-store"}
+
+
+def cookie_value(token: str) -> str:
+    """What the dashboard's cookie holds for `token`: an HMAC of it, useless as a bearer token."""
+    return hmac.new(token.encode(), b"drkernel dashboard cookie", hashlib.sha256).hexdigest()
+
+
+def _match(given: str, secrets: list[tuple[str, str | None]]) -> tuple[str | None] | None:
+    """(who,) of the secret equal to `given`, compared in constant time against every one; None when none is."""
+    found = None
+    for secret, who in secrets:
+        if hmac.compare_digest(given.encode(), secret.encode()):
+            found = (who,)
+    return found
+
+
+def _dashboard_read(scope: Scope) -> bool:
+    path = scope["path"]
+    return scope.get("method") in ("GET", "HEAD") and (path == dashboard.PREFIX or
+                                                   path.startswith(dashboard.PREFIX + "/"))
+
+
+def _query_token(scope: Scope) -> str:
+    query = urllib.parse.parse_qs(scope["query_string"].decode("latin-1"))
+    return (query.get(TOKEN_PARAMETER) or [""])[0]
 
 
 async def _send_json(send: Send, status: int, body: dict[str, Any], headers: dict[str, str]) -> None:

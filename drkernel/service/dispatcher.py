@@ -111,9 +111,9 @@ class Dispatcher:
         self._events.put(("new", self.store.unfinished()))
         self._thread.start()
 
-    def submit(self, requests: list[EvalRequest]) -> list[str]:
-        """Store the requests (committed when this returns) and queue those the cache did not answer."""
-        rows = self.store.add((r, cache_key(r, self.device)) for r in requests)
+    def submit(self, requests: list[EvalRequest], client: str = "") -> list[str]:
+        """Store `client`'s requests (committed when this returns) and queue those the cache did not answer."""
+        rows = self.store.add(((r, cache_key(r, self.device)) for r in requests), client)
         for row in rows:
             if row.result is not None:
                 self.metrics.record(row.result, 1, ran=False)

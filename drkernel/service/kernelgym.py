@@ -18,11 +18,12 @@ import asyncio
 import datetime
 from typing import Any, Literal, Optional
 
-from fastapi import APIRouter, HTTPException
+from fastapi import APIRouter, HTTPException, Request
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from drkernel.scheduling.cache import infrastructure_failure
 from drkernel.schema import EvalOptions, EvalRequest, EvalResult, Status
+from drkernel.service import viewer
 from drkernel.service.dispatcher import Dispatcher
 from drkernel.service.models import Source
 from drkernel.service.store import Record
@@ -124,24 +125,25 @@ def router(dispatcher: Dispatcher) -> APIRouter:
     api = APIRouter(tags=["KernelGYM compatibility"])
 
     @api.post("/evaluate", response_model=KernelGymResponse)
-    async def evaluate(body: KernelGymRequest) -> KernelGymResponse:
+    async def evaluate(body: KernelGymRequest, http: Request) -> KernelGymResponse:
         """Evaluate and answer once the verdict is in; a known task_id answers its earlier evaluation."""
-        id = None if body.force_refresh else await asyncio.to_thread(dispatcher.store.resolve, body.task_id)
+        name = alias(http, body.task_id)
+        id = None if body.force_refresh else await asyncio.to_thread(dispatcher.store.resolve, name)
         if id is None:
-            (id,) = await asyncio.to_thread(dispatcher.submit, [body.to_request()])
-            await asyncio.to_thread(dispatcher.store.alias, body.task_id, id)
+            (id,) = await asyncio.to_thread(dispatcher.submit, [body.to_request()], viewer(http) or "")
+            await asyncio.to_thread(dispatcher.store.alias, name, id)
         record = await dispatcher.wait(id, timeout=None)
         assert record is not None
         return response(body.task_id, record)
 
     @api.get("/status/{task_id}", response_model=KernelGymStatusResponse)
-    async def status(task_id: str) -> KernelGymStatusResponse:
-        record = await _record(dispatcher, task_id)
+    async def status(task_id: str, http: Request) -> KernelGymStatusResponse:
+        record = await _record(dispatcher, alias(http, task_id), task_id)
         return KernelGymStatusResponse(task_id=task_id, status=response(task_id, record).status)
 
     @api.get("/results/{task_id}", response_model=KernelGymResponse)
-    async def results(task_id: str) -> KernelGymResponse:
-        record = await _record(dispatcher, task_id)
+    async def results(task_id: str, http: Request) -> KernelGymResponse:
+        record = await _record(dispatcher, alias(http, task_id), task_id)
         if record.state != "done":
             raise HTTPException(404, f"task {task_id} has no result yet")
         return response(task_id, record)
@@ -208,8 +210,14 @@ def _iso(timestamp: float | None) -> str | None:
     return datetime.datetime.fromtimestamp(timestamp, datetime.timezone.utc).isoformat().replace("+00:00", "Z")
 
 
-async def _record(dispatcher: Dispatcher, task_id: str) -> Record:
-    id = await asyncio.to_thread(dispatcher.store.resolve, task_id)
+def alias(http: Request, task_id: str) -> str:
+    """The stored name of a client's task_id: each named client has its own task ids (the operator's are bare)."""
+    client = viewer(http) or ""
+    return f"{client}\x1f{task_id}" if client else task_id
+
+
+async def _record(dispatcher: Dispatcher, name: str, task_id: str) -> Record:
+    id = await asyncio.to_thread(dispatcher.store.resolve, name)
     record = None if id is None else await asyncio.to_thread(dispatcher.store.get, id)
     if record is None:
         raise HTTPException(404, f"task {task_id} not found")
