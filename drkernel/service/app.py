@@ -160,7 +160,7 @@ class Guard:
                 status, message, extra = refusal
                 await _send_json(send, status, {"detail": message}, extra)
                 return
-        elif scope["type"] == "websocket" and self.token:  # a WebSocket session (the OpenEnv server's) is refused
+        elif scope["type"] == "websocket" and self.token:  # a WebSocket connection (the OpenEnv server's) is refused
             headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
             if not self._authorized(headers):
                 await send({"type": "websocket.close", "code": 1008, "reason": "missing or wrong bearer token"})
