@@ -1,5 +1,5 @@
-"""Compare `gpu_bench.py kernelbench` runs of one lease: rates, statuses, where the time goes, and each run's speedups
-against the first run's (the baseline), as ratios within the lease.
+"""Compare `gpu_bench.py kernelbench` runs made on one machine: rates, statuses, where the time goes, and each run's
+speedups against the first run's (the baseline), as ratios on that machine.
 
     python benchmarks/compare_kernelbench.py BASELINE.json RUN.json [RUN.json ...]
 """
@@ -27,7 +27,7 @@ def summary(baseline: dict, run: dict) -> dict:
         "per_minute_running": run["per_minute_running"],
         "rate_vs_baseline": run["per_minute_running"] / baseline["per_minute_running"],
         "gate_serial_share": run.get("gate_serial_share"),  # absent in runs of the code before the judge
-        "footprint_max_gib": run.get("footprint_max_gib"),  # likewise; and before the eighth session's runs
+        "footprint_max_gib": run.get("footprint_max_gib"),  # likewise; and in runs of code before 2026-11-25
         "statuses": dict(Counter(row["status"] for row in run["problems"].values())),
         "not_correct": {name: (row["status"], row["hack_reasons"], (row.get("error") or "")[:300])
                         for name, row in run["problems"].items() if row["status"] != "correct"},

@@ -1,8 +1,7 @@
 """Which calls into the CUDA driver slow down when evaluations run on several GPUs of one host (issue 20).
 
-Lease 10 (docs/benchmarks.md, "Several schedulers on one host") measured the judge's phases with one scheduler alone
-and three at once on three GPUs: the GPU's own work kept its time, and the phases made of driver calls grew 4-19
-times. This isolates those calls, each in a loop, in one process per GPU and all at once:
+On four H200s of one host (docs/performance.md, "Several GPUs of one host"), with one scheduler alone and three at
+once on three GPUs, the GPU's own work kept its time and the judge's phases made of driver calls grew 4-19 times. This isolates those calls, each in a loop, in one process per GPU and all at once:
 
     python benchmarks/driver_contention.py --gpus 0,1,2,3 --out DIR
 
@@ -21,7 +20,7 @@ the same time (a barrier between operations), each the way the judge does it:
   ipc        a 4 MiB tensor shared with a peer process the way the judge and the subject hand values over
              (`drkernel.sandbox.channel`: a memory handle and an inter-process event, mapped and let go by the peer),
              less a pipe round trip without a tensor
-  profiler   one profiling session around a small kernel (`torch.profiler`, CPU and CUDA activity), as the
+  profiler   one profiler around a small kernel (`torch.profiler`, CPU and CUDA activity), as the
              profile phase opens one per call
   context    a new process's CUDA start: its first tensor on the GPU, import excluded
 

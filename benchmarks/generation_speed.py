@@ -9,7 +9,7 @@ the compilation transformers then makes of the forward), then with transformers'
 seeded sampler `HFChatModel` uses (`_RowSampler`). Every row is made to produce exactly `--tokens` tokens, so the
 figures are per step of the whole batch. One run per weight dtype of `--dtypes`, each with the dynamic cache and,
 with `--static-cache`, again with a static one (`static_cache_settings`, as `drkernel train` and `bench` use it):
-what item 3 of issue 21 asks to choose between, measured in one call. `--lora-rank R` wraps the model in a fresh LoRA
+what item 3 of issue 21 asks to choose between, measured in one run. `--lora-rank R` wraps the model in a fresh LoRA
 adapter of that rank first, as `drkernel train` generates with it (every linear layer's adapter adds launches).
 """
 

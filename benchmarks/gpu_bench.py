@@ -1,4 +1,4 @@
-"""GPU measurements recorded in docs/benchmarks.md. Run on a CUDA machine from the repository root:
+"""GPU measurements recorded in docs/performance.md. Run on a CUDA machine from the repository root:
 
     python benchmarks/gpu_bench.py SECTION [SECTION ...] --kernelbench PATH --out DIR
 
@@ -82,7 +82,7 @@ def summary(result: EvalResult) -> dict:
         "cand_wall_ms": cand.wall_median_ms if cand else None,
         "spin_ms": [ref.spin_ms if ref else None, cand.spin_ms if cand else None],  # reference's, candidate's
         # every timed call (event ms) and its host time, per side, and how many measurements the judge made: whether
-        # a slow call waited for the host or for the GPU (lease 10, docs/benchmarks.md)
+        # a slow call waited for the host or for the GPU (docs/performance.md)
         "calls_ms": per_call("samples_ms"),
         "host_ms": per_call("host_ms"),
         "host_interruptions": per_call("host_interruptions"),
@@ -759,7 +759,9 @@ SECTIONS = {name[len("section_"):]: fn for name, fn in globals().items() if name
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("sections", nargs="+", choices=sorted(SECTIONS))
-    parser.add_argument("--kernelbench", type=Path, default=REPO.parent / "shared/kernelbench/kernelbench_levels1-3.jsonl")
+    parser.add_argument("--kernelbench", type=Path,
+                        default=Path(os.environ.get("DRKERNEL_KERNELBENCH", "kernelbench_levels1-3.jsonl")),
+                        help="KernelBench's levels 1-3 JSONL (default: $DRKERNEL_KERNELBENCH)")
     parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "results/gpu")))
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--scaling-repeats", type=int, default=3)

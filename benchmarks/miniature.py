@@ -13,12 +13,12 @@ Stages, in order (`all` runs them all):
             and then builds a tiny policy from scratch in the sft stage
   mix       the SFT mix (drkernel.train.synthetic_sft; its two-turn rows are judged by KernelGym)
   sft       the cold-start SFT (drkernel.train.sft) from ROOT/base -> ROOT/sft/final: on the GPU every weight
-            trains (a LoRA adapter did not learn the fused kernels, docs/experiments.md "Lease 4"), so the policy
-            (269 MB) is rebuilt from its seeds in each lease, 200 s; the CPU profile trains a LoRA adapter
+            trains (a LoRA adapter did not learn the fused kernels, docs/miniature.md), so the policy (269 MB) is
+            rebuilt from its seeds on each new machine, 200 s; the CPU profile trains a LoRA adapter
   rl        (b) GRPO, (c) TRLOO, (d) TRLOO + PR + PRS, same budget each (`drkernel train`, LoRA adapters over the
             SFT policy) -> ROOT/rl/NAME
   probe     each policy's first answers on the first train tasks, the RL runs' prompts (`drkernel bench`, one turn,
-            the same seeds): the SFT policy's before RL spends a lease (does it sample the kinds the recipe
+            the same seeds): the SFT policy's before RL spends GPU time (does it sample the kinds the recipe
             rewards?), an RL policy's after its run (what the run moved, prompts held fixed) -> ROOT/probe/NAME
   bench     the SFT policy (a) and the three RL policies on the test split (`drkernel bench`) -> ROOT/bench/NAME
   stts      (a) and (d) over more turns, topk context -> ROOT/stts/NAME
@@ -26,13 +26,13 @@ Stages, in order (`all` runs them all):
   report    `drkernel report` over each stage's run folders, the SFT policy's first (the differences table sets
             each policy against it) -> ROOT/report/STAGE
 
-Every RL policy is a LoRA adapter of a few MB over the SFT policy (`hf:` merges the chain), so what a GPU call must
-bring back to go on in a later one is small (docs/experiments.md, "The runs on the GPU").
+Every RL policy is a LoRA adapter of a few MB over the SFT policy (`hf:` merges the chain), so what a GPU machine must
+hand back for a later run to go on is small (docs/miniature.md).
 
 Every step is a `drkernel` (or `python -m drkernel...`) command line, printed before it runs; `--dry-run` only
-prints them. A stage skips what is already done and continues what a killed call left (`drkernel train --resume`
-from the last checkpoint, `drkernel bench --resume`), so a stage longer than one device call is the same command
-run again. With `--gpus N` (N >= 1) the per-policy stages asked for together (rl, probe, bench, stts, transfer)
+prints them. A stage skips what is already done and continues what a killed run left (`drkernel train --resume`
+from the last checkpoint, `drkernel bench --resume`), so a stage longer than a machine's time limit is the same
+command run again. With `--gpus N` (N >= 1) the per-policy stages asked for together (rl, probe, bench, stts, transfer)
 are one pool of runs, each a process alone on one GPU (of CUDA_VISIBLE_DEVICES where it is set) with its own
 embedded evaluator: a GPU whose run ended takes the next run, in stage order, whose policy exists (on four GPUs
 the SFT policy's bench runs while the three RL runs train, and each RL policy's bench starts when its run ends).
@@ -63,7 +63,7 @@ sys.path.insert(0, str(REPO))  # drkernel from this checkout, also where it is n
 STAGES = ("splits", "base", "mix", "sft", "rl", "probe", "bench", "stts", "transfer", "report")
 CLI = "drkernel.cli.main"
 # (name, settings that differ): the ablations of stage 2, same budget each; `grpostd` is GRPO divided by the std,
-# asked for by name only (`grpo` without it is TRLOO up to a constant Adam cancels: docs/experiments.md, leases 17-18)
+# asked for by name only (`grpo` without it is TRLOO up to a constant Adam cancels: docs/miniature.md)
 RL_RUNS = (
     ("grpo", ("advantage_estimator=grpo", "profiling_reward=false", "prs=false")),
     ("trloo", ("advantage_estimator=trloo", "profiling_reward=false", "prs=false")),
@@ -77,12 +77,13 @@ REPLICATE = "-s"  # `recipe-s1`: a replicate of the recipe's run with seed 1, in
 INCOMPLETE = 3  # exit status: the time limit stopped runs that a rerun continues
 PER_POLICY = ("rl", "probe", "bench", "stts", "transfer")  # the stages with a run per policy
 POLL_S = 0.2  # how often the pool looks at its processes
-LOAD_EVERY_S = 60.0  # how often the pool prints the host's load (lease 6: four runs at once, evaluations 2.4x as long)
+LOAD_EVERY_S = 60.0  # how often the pool prints the host's load (four runs at once made evaluations 2.4x as long)
 
 
 def ablation(name: str) -> tuple[str, int | None]:
     """A policy's name as (its run, the replicate's seed): `recipe` -> ("recipe", None), `recipe-s1` -> ("recipe", 1)
-    (lease 5's recipe lifted and lease 6's did not: one run a setting cannot tell an effect from its seed)."""
+    (one run of the recipe lifted the policy and the next did not: one run a setting cannot tell an effect from
+    its seed)."""
     run, _, seed = name.partition(REPLICATE)
     if run not in POLICIES or (seed and (run == "sft" or not seed.isdigit())) or (REPLICATE in name and not seed):
         raise ValueError(f"{name!r} is not a policy: one of {', '.join(POLICIES)}, or an RL run with a replicate's "
@@ -134,21 +135,21 @@ PROFILES = {
     "gpu": Profile(
         device="cuda", shape_scale=1.0, n_train=400, n_validation=8, n_test=32, needs_base=True,
         sft_tasks=3000, sft_multi_turn_tasks=96,
-        # more fused rows than the default 0.4/0.3/0.2/0.1 since lease 3 (docs/experiments.md, "Lease 3")
+        # more fused rows than the default 0.4/0.3/0.2/0.1: a policy trained on those seemed never to sample fused answers
         sft_single_turn="partial=0.3,lazy=0.25,unfused=0.2,fused=0.25", sft_first_turn=None,
         # every weight trained: LoRA (rank 16, lr 2e-4) wrote 1 correct fused kernel in 13 tries, this 15 in 17
-        # full determinism: the same digest on two GPUs in the same time (lease 9), so adapters travel between leases
+        # full determinism: the same digest on two GPUs in the same time, so adapters move between machines
         sft_args=("--epochs", "1", "--bf16", "--per-device-train-batch-size", "8", "--max-length", "4096",
                   "--learning-rate", "1e-4", "--lora-rank", "0", "--logging-steps", "10", "--full-determinism"),
         probe_tasks=32, probe_samples=2, rl_config="examples/mini/rl_gpu.yaml", bench_turns=3, bench_samples=4,
         max_tokens=1600,
         stts_turns=8, stts_context="topk:4", stts_samples=1,
-        transfer_tasks="../shared/kernelbench/kernelbench_levels1-3.jsonl",  # a copy where the GPU machine has one
+        transfer_tasks=os.environ.get("DRKERNEL_KERNELBENCH", "kernelbench_levels1-3.jsonl"),  # or --transfer-tasks
         transfer_args=("--level", "1", "--problems", "19-32,36,38-40,47-49,53,88"), transfer_samples=1,
         eval_args=("--trials", "3", "--perf-trials", "10"),
-        # compiled decoding, every batch filled to 32 rows (HFChatModel): lease 4's probe decoded at about 100 ms a
+        # compiled decoding, every batch filled to 32 rows (HFChatModel): a probe decoded at about 100 ms a
         # step without it, the trainer's compiled bf16 copy at 6.5 ms
-        # every trajectory in flight in one batch (bench's 128, STTS's 32): lease 7's bench generated 32 rows at a time
+        # every trajectory in flight in one batch (bench's 128, STTS's 32): a bench of 32 rows at a time generated
         # for 400 of its 502 s; a 135 M model's decoding step costs little more for 128 rows
         generation_args=("--static-cache", "--concurrency", "128"),
     ),
@@ -478,7 +479,7 @@ def _missing(policy: Path | None) -> bool:
 
 def _host_load() -> str:
     """The host's load averages and, where Linux says it (/proc/loadavg), its threads: runnable now and in all. Many
-    more threads than CPUs, runnable at once, is the oversubscription lease 6 could not tell apart."""
+    more threads than CPUs, runnable at once, is the oversubscription four runs on four GPUs could not tell apart."""
     one, five, _ = os.getloadavg()
     said = f"host load {one:.1f} (1 min), {five:.1f} (5 min)"
     try:
@@ -518,7 +519,7 @@ def main(argv: list[str] | None = None) -> int:
                         "evaluations still take the GPU alone to time, through the per-GPU gate)")
     parser.add_argument("--time-limit-s", type=float, default=None, help="stop the runs still going after this")
     parser.add_argument("--transfer-tasks", default=None, help="KernelBench tasks for `transfer` (the profile's "
-                        "default: ../shared/kernelbench/kernelbench_levels1-3.jsonl on the GPU)")
+                        "default on the GPU: $DRKERNEL_KERNELBENCH, KernelBench's levels 1-3 JSONL)")
     parser.add_argument("--shape-scale", type=float, default=None, help="task shapes (the profile's default: 1 on "
                         "the GPU); stage 0's calibration decides")
     parser.add_argument("--max-tokens", type=int, default=None, help="new tokens per answer in the stages run now "
@@ -540,7 +541,7 @@ def main(argv: list[str] | None = None) -> int:
                         f"within a stage; default: {' '.join(DEFAULT_POLICIES)}; by name only: "
                         f"{' '.join(p for p in POLICIES if p not in DEFAULT_POLICIES)}; stts takes sft and recipe of "
                         "them), e.g. "
-                        "one RL run and its bench in one lease of a GPU; NAME-sN is a replicate of an RL run with "
+                        "one RL run and its bench; NAME-sN is a replicate of an RL run with "
                         "seed N (its own folder, `--set seed=N` last)")
     parser.add_argument("--dry-run", action="store_true", help="print the command lines, run nothing")
     args = parser.parse_args(argv)

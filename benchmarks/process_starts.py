@@ -1,7 +1,7 @@
 """How many evaluation processes a host starts and ends a second on one GPU, at one or more at once (issue 20).
 
 Every evaluation is two processes forked from the fork server (`drkernel.sandbox.zygote`), a judge and a subject,
-each starting CUDA as `zygote._prepare` does (the context, a profiler session around a first kernel: CUPTI's
+each starting CUDA as `zygote._prepare` does (the context, a profiler around a first kernel: CUPTI's
 initialisation) and ending with its context. The RL-shaped batch (`gpu_bench.py rl_batch`) judged about 80 distinct
 candidates a minute with 3 evaluations at once and with 4, and each evaluation grew longer by what the fourth would
 have added: something the evaluations share sets the rate. This measures one such thing, the host's starts and ends
@@ -9,9 +9,9 @@ of CUDA processes: `lanes` processes, each forking one such process after anothe
 and never touched CUDA (as the fork server does), for `--seconds` at each count of lanes:
 
     python benchmarks/process_starts.py --lanes 1,2,3,4,6 --seconds 8 --out DIR
-    python benchmarks/process_starts.py --warm kernel ...   # no profiler session: a first kernel only
+    python benchmarks/process_starts.py --warm kernel ...   # no profiler: a first kernel only
 
-`--warm kernel` starts each process without the profiler session (CUPTI's initialisation), which the judge's process
+`--warm kernel` starts each process without the profiler (CUPTI's initialisation), which the judge's process
 makes although only the subject profiles: what leaving it out would leave the host.
 
 DIR/process_starts.json has, per count of lanes, the processes started and ended a second in all, and the median
@@ -43,7 +43,7 @@ RECORD = struct.Struct("ddd")  # a started process's fork, ready and reaped time
 
 
 def _warm_kernel(device: torch.device) -> None:
-    """A start without the profiler session: the context and a first kernel."""
+    """A start without the profiler: the context and a first kernel."""
     if device.type != "cuda":
         return
     torch.ones(1, device=device).add_(1)

@@ -9,7 +9,7 @@ Reads what `drkernel train --log-samples` writes (one line per judged turn). Eac
 `drkernel report`'s training table cuts them (drkernel.report.metrics.step_thirds); a prompt is one (run, step,
 task) with its trajectories (one `sample` of it each; its last turn is the last one recorded). Every step draws new
 prompts, so the two thirds hold different prompts: the interval draws each third's prompts with replacement,
-independently (docs/experiments.md, "Lease 9").
+independently (docs/miniature.md).
 """
 
 from __future__ import annotations

@@ -50,8 +50,8 @@ from drkernel.tasks import Task, load_task_dir
 T = TypeVar("T")
 
 
-class EnvSession:
-    """One episode at a time on a drkernel OpenEnv server: a WebSocket session of openenv-core's client."""
+class EnvConnection:
+    """One episode at a time on a drkernel OpenEnv server: a WebSocket connection of openenv-core's client."""
 
     def __init__(self, url: str, timeout_s: float) -> None:
         self.client = KernelEnvClient(base_url=url, message_timeout_s=timeout_s)
@@ -113,14 +113,14 @@ async def _gather(awaitables: Iterable[Awaitable[T]]) -> list[T]:
 class EnvironmentRollout:
     """TRL's `rollout_func`: plays an episode of the environment for each prompt it is given.
 
-    One session per concurrent rollout, kept across steps; every session's turn is judged at once (the evaluator's
+    One connection per concurrent rollout, kept across steps; every connection's turn is judged at once (the evaluator's
     queue orders the work). One event loop for the whole run, because a client's WebSocket belongs to the loop that
     opened it.
     """
 
-    def __init__(self, new_session: Callable[[], EnvSession]) -> None:
-        self.new_session = new_session
-        self.sessions: list[EnvSession] = []
+    def __init__(self, new_connection: Callable[[], EnvConnection]) -> None:
+        self.new_connection = new_connection
+        self.connections: list[EnvConnection] = []
         self.task_of: dict[str, str] = {}  # the first chat (as JSON) -> its task's key
         self.loop = asyncio.new_event_loop()
 
@@ -129,7 +129,7 @@ class EnvironmentRollout:
         self._grow(1)
         rows = []
         for key in keys:
-            messages = self.loop.run_until_complete(self.sessions[0].reset(key)).messages
+            messages = self.loop.run_until_complete(self.connections[0].reset(key)).messages
             self.task_of[_prompt_key(messages)] = key
             rows.append({"prompt": messages})
         return Dataset.from_list(rows)
@@ -142,8 +142,8 @@ class EnvironmentRollout:
                 raise KeyError("a prompt that is no task's first chat reached the rollout")
             keys.append(self.task_of[_prompt_key(prompt)])
         self._grow(len(prompts))
-        sessions = self.sessions[: len(prompts)]
-        first = self.loop.run_until_complete(_gather(s.reset(k) for s, k in zip(sessions, keys)))
+        connections = self.connections[: len(prompts)]
+        first = self.loop.run_until_complete(_gather(c.reset(k) for c, k in zip(connections, keys)))
         episodes = []
         for key, prompt, observation in zip(keys, prompts, first):
             if observation.messages != prompt:
@@ -165,7 +165,7 @@ class EnvironmentRollout:
                 episode.text += _decode(tokenizer, ids)
                 spoken = ids[:-1] if ids and ids[-1] in trainer.eos_token_ids else ids  # the answer, less its end
                 responses.append(_decode(tokenizer, spoken))
-            steps = _gather(sessions[i].step(r) for i, r in zip(live, responses))
+            steps = _gather(connections[i].step(r) for i, r in zip(live, responses))
             for i, observation in zip(live, self.loop.run_until_complete(steps)):
                 self._take(trainer, episodes[i], observation)
         with_logprobs = all(e.logprobs is not None for e in episodes)
@@ -205,11 +205,11 @@ class EnvironmentRollout:
             messages, tokenize=False, add_generation_prompt=True, **trainer.chat_template_kwargs)
 
     def _grow(self, count: int) -> None:
-        while len(self.sessions) < count:
-            self.sessions.append(self.new_session())
+        while len(self.connections) < count:
+            self.connections.append(self.new_connection())
 
     def close(self) -> None:
-        self.loop.run_until_complete(_gather(s.close() for s in self.sessions))
+        self.loop.run_until_complete(_gather(c.close() for c in self.connections))
         self.loop.close()
 
 
@@ -285,12 +285,12 @@ def grpo_config(args: argparse.Namespace, device: str) -> GRPOConfig:
     )
 
 
-def train(args: argparse.Namespace, new_session: Callable[[str], EnvSession] | None = None) -> GRPOTrainer:
+def train(args: argparse.Namespace, new_connection: Callable[[str], EnvConnection] | None = None) -> GRPOTrainer:
     """Build the trainer and run `args.max_steps` steps on the server at `--env-url`, or on one served here;
-    `new_session(url)` opens each session (tests wrap them to watch the episodes)."""
+    `new_connection(url)` opens each connection (tests wrap them to watch the episodes)."""
     device = resolve_device(args.device)
     tasks = select_tasks(args.tasks, args.task)
-    new_session = new_session or (lambda url: EnvSession(url, args.env_timeout_s))
+    new_connection = new_connection or (lambda url: EnvConnection(url, args.env_timeout_s))
     with contextlib.ExitStack() as stack:
         url = args.env_url
         if url is None:
@@ -298,7 +298,7 @@ def train(args: argparse.Namespace, new_session: Callable[[str], EnvSession] | N
             options = EvalOptions(device=device, timeout_s=args.eval_timeout_s, measure_performance=device == "cuda")
             app = create_server(tasks, BackendEvaluator(scheduler, options), EpisodeConfig(turns=args.turns))
             url = stack.enter_context(local_server(app))
-        rollout = EnvironmentRollout(lambda: new_session(url))
+        rollout = EnvironmentRollout(lambda: new_connection(url))
         stack.callback(rollout.close)
         trainer = GRPOTrainer(
             model=args.model,

@@ -10,7 +10,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def kernelbench_path() -> Path:
     """The real KernelBench levels 1-3 JSONL, which lives outside the repo (it is never copied in)."""
     configured = os.environ.get("DRKERNEL_KERNELBENCH")

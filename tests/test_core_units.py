@@ -207,7 +207,8 @@ def test_timing_summary_and_speedup_interval() -> None:
 
 
 def test_a_median_that_is_a_slow_call_is_told_with_what_the_host_was_doing() -> None:
-    """Lease 10: 1-19 ms medians of candidates whose fastest call took 0.02-0.2 ms (the reference's never): the note
+    """Four RL runs on four H200s of one host (2026-11-26): 1-19 ms medians of candidates whose fastest call took
+    0.02-0.2 ms (the reference's never): the note
     says how many calls were slow and how many of them the host was still enqueueing when their spin ran out."""
     calm = timing.Samples(event_ms=[0.05, 0.06, 0.05, 3.0, 0.05, 0.05], host_ms=[0.1] * 6)
     assert timing.slow_calls(calm.event_ms) == [3] and timing.unsteady("candidate", calm, [1.0] * 6) is None
@@ -233,7 +234,7 @@ def test_a_median_that_is_a_slow_call_is_told_with_what_the_host_was_doing() -> 
 
 
 def test_a_median_moved_by_work_beside_half_the_calls_is_unsteady() -> None:
-    """The 4.3 ms sigmoid of the twenty-fifth session: 11 of 20 reference calls 9-150% slow, none twice the fastest,
+    """The 4.3 ms sigmoid of an H100 run (2026-11-27): 11 of 20 reference calls 9-150% slow, none twice the fastest,
     and a median 4.4% above the fastest quarter: measured again. Small calls' ordinary spread (3% at 35 us) is not."""
     sigmoid = [5.37, 5.84, 4.26, 5.18, 4.63, 5.31, 5.02, 10.76, 5.05, 5.4, 5.29, 4.26, 4.26, 4.27, 4.26, 4.26, 4.26,
                4.27, 4.26, 4.27]
@@ -786,7 +787,7 @@ def test_the_subject_hands_its_staged_buffers_to_the_candidate_as_new_views_each
 
 
 def test_a_wall_clock_suspicion_is_measured_again_and_only_the_second_measurement_counts(tmp_path, monkeypatch) -> None:
-    """A legitimate kernel was `side_stream_timing` on an H200 beside other runs' evaluations (lease 6): stalls of
+    """A legitimate kernel was `side_stream_timing` on an H200 beside other runs' evaluations (2026-11-26): stalls of
     the host, not hidden work. The check now fires only if a second, whole measurement shows it again, and the
     second measurement's timings are the ones kept (a candidate that behaves for it is timed as it behaves)."""
     from types import SimpleNamespace
@@ -816,7 +817,7 @@ def test_a_wall_clock_suspicion_is_measured_again_and_only_the_second_measuremen
     assert kept == "second" and judge.findings.details == hidden  # shown twice: refused, with the second's words
     judge, kept = judged(("only", {guards.IMPOSSIBLE_SPEED: "too fast"}), ("never", {}))
     assert kept == "only" and judge.findings.codes == [guards.IMPOSSIBLE_SPEED] and judge.notes == []
-    # a median that is a slow call (lease 10: a fifth of the candidates' beside other runs) is measured again too;
+    # a median that is a slow call (a fifth of the candidates' beside other runs, on four H200s) is measured again too;
     # a second one still so says it
     slow = "7 of the candidate's 10 timed calls took more than 2 times its fastest (0.0234 ms), and its median ..."
     judge, kept = judged(("first", {}, slow), ("second", {}), ("never", {}))

@@ -66,7 +66,7 @@ def test_rl_batch_section_runs_tiny_on_the_cpu(gpu_bench) -> None:
 
 
 def test_a_row_keeps_every_timed_call_and_its_host_time(gpu_bench) -> None:
-    """What tells a host that stalled from a GPU that was busy, when a median is a slow call (lease 10)."""
+    """What tells a host that stalled from a GPU that was busy, when a median is a slow call (docs/performance.md)."""
     from drkernel.schema import EvalResult, Timing, TimingStats
 
     def side(calls: list[float], host: list[float]) -> TimingStats:

@@ -45,33 +45,33 @@ def _args(policy: Path, out: Path, *more: str) -> list[str]:
 
 
 class Spy:
-    """A session that records every step. `scripted` replaces the model's last answer by a correct kernel, so that
+    """A connection that records every step. `scripted` replaces the model's last answer by a correct kernel, so that
     the group's rewards differ and GRPO has a gradient (the earlier turns stay the model's, as the next turn's chat
     must extend them)."""
 
-    def __init__(self, session, scripted: bool) -> None:
-        self.session, self.scripted = session, scripted
+    def __init__(self, connection, scripted: bool) -> None:
+        self.connection, self.scripted = connection, scripted
         self.steps: list[tuple[str, str, KernelObservation]] = []  # (model's answer, answer judged, observation)
         self.turn = 0
 
     async def reset(self, task: str) -> KernelObservation:
         self.turn = 0
-        return await self.session.reset(task)
+        return await self.connection.reset(task)
 
     async def step(self, answer: str) -> KernelObservation:
         self.turn += 1
         sent = CORRECT if self.scripted and self.turn == TURNS else answer
-        observation = await self.session.step(sent)
+        observation = await self.connection.step(sent)
         self.steps.append((answer, sent, observation))
         return observation
 
     async def close(self) -> None:
-        await self.session.close()
+        await self.connection.close()
 
 
 @pytest.mark.slow
 def test_grpo_takes_a_step_on_environment_rewards(example, policy: Path, tmp_path: Path, monkeypatch) -> None:
-    """The script's own server (the embedded scheduler judging on the CPU), the sessions and the rollout watched."""
+    """The script's own server (the embedded scheduler judging on the CPU), the connections and the rollout watched."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     spies: list[Spy] = []
@@ -80,15 +80,15 @@ def test_grpo_takes_a_step_on_environment_rewards(example, policy: Path, tmp_pat
     monkeypatch.setattr(example.EnvironmentRollout, "__call__",
                         lambda self, prompts, trainer: rollouts.append(play(self, prompts, trainer)) or rollouts[-1])
 
-    def new_session(url: str) -> Spy:
-        spies.append(Spy(example.EnvSession(url, 300), scripted=not spies))  # the first session's last answer
+    def new_connection(url: str) -> Spy:
+        spies.append(Spy(example.EnvConnection(url, 300), scripted=not spies))  # the first connection's last answer
         return spies[-1]
 
     args = example.parse_args(_args(policy, tmp_path / "run", "--turns", str(TURNS)))
-    trainer = example.train(args, new_session)
+    trainer = example.train(args, new_connection)
 
     assert trainer.state.global_step == 1
-    # the dataset's first chats came through a session of its own; then one session per episode of the group
+    # the dataset's first chats came through a connection of its own; then one connection per episode of the group
     episodes = [s for s in spies if s.steps]
     assert len(spies) == 2 and len(episodes) == 2 and all(len(s.steps) == TURNS for s in episodes)
     for spy in episodes:

@@ -319,7 +319,7 @@ def test_cli_bad_arguments_exit_nonzero_with_a_message(tmp_path: Path) -> None:
 
 def test_the_memory_watch_scans_proc_once_per_interval_for_all_evaluations(monkeypatch) -> None:
     """The watchdog's /proc scan is shared and rate-limited (one per evaluation every 50 ms kept half a core of a
-    worker busy on a loaded host), and still sees a group's memory: a process in its own session holding 200 MB."""
+    worker busy on a loaded host), and still sees a group's memory: a process in its own process group holding 200 MB."""
     holder = subprocess.Popen([sys.executable, "-c", "import sys, time; x = bytearray(200 << 20); "
                                "print('ready', flush=True); time.sleep(60)"], stdout=subprocess.PIPE, text=True,
                               start_new_session=True)
@@ -377,11 +377,11 @@ def test_a_large_evaluations_checks_hold_few_copies_of_its_inputs(sandbox: Sandb
     """Two large evaluations check at once only if each phase's memory is a small multiple of its inputs. In the
     correctness phase the judge needs the inputs, the reference's outputs and the copy it shares (3 copies of a ReLU's
     input) and its float64 slice's allowance; the subject its own copy and the outputs (2). Two more segments were
-    held in the judge on an H100 (docs/benchmarks.md, the twenty-first session): the previous trial's shared copy,
+    held in the judge on an H100 (docs/performance.md, 2026-11-26): the previous trial's shared copy,
     kept mapped by the subject, and one pinned by a 4 MiB sample of the reference's output (measured without them:
     3 copies and the allowance). In the ablation the judge needs the inputs and their shared copy (2), the subject
     two inputs and an output, then an input and two outputs (3); it held six, with all four of its copies at once and
-    the last mode's outputs still mapped by the judge (docs/benchmarks.md, the twenty-fifth session)."""
+    the last mode's outputs still mapped by the judge (docs/performance.md, 2026-11-27)."""
     total = torch.cuda.get_device_properties(0).total_memory
     elements = int(total / 20 / 4 * 1.05)  # inputs just over a twentieth of the GPU: a large evaluation
     rows = 1024

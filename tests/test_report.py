@@ -583,7 +583,7 @@ def test_replicates_pooled_into_one_run(tmp_path: Path) -> None:
 
 
 def test_the_timing_table_counts_unsteady_gpu_timings(tmp_path: Path) -> None:
-    """Lease 10: a fifth of the candidates' medians were slow calls (above twice the fastest), never the reference's.
+    """On four H200s of one host (2026-11-26) a fifth of the candidates' medians were slow calls (above twice the fastest), never the reference's.
     Counted over results judged in the run with CUDA event timings; cached and CPU ones left out."""
     from drkernel.report import write_report
 

@@ -79,7 +79,7 @@ def test_single_turn_rows_are_first_prompts_answered_by_reference_solutions() ->
 
 def test_two_turn_rows_can_start_from_a_correct_answer() -> None:
     """unfused -> fused (a slow correct kernel made fast) and fused -> fused (a fast one kept after its feedback): the
-    rows lease 10's policies lacked, asked for by share like the others."""
+    rows the first RL policies' mix lacked, asked for by share like the others."""
     config = SftMixConfig(n_tasks=1, multi_turn_tasks=4, shape_scale=TINY,
                           first_turn=(("unfused", 0.5), ("fused", 0.5)))
     _, tasks = mix_tasks(config)

@@ -237,7 +237,7 @@ class HFChatModel:
 
     `static_cache`: generate over a static KV cache (`static_cache_settings`), which transformers compiles on a GPU.
     It compiles one decoding step per shape and falls back to eager decoding after a few, and a bench's batches
-    hold 1 to `max_batch` rows (a static cache made lease 2's bench slower, docs/experiments.md), so every batch is
+    hold 1 to `max_batch` rows (batches of changing size made a static-cache bench slower on an H100), so every batch is
     filled up to `max_batch` rows with copies of its first request (its seed too: they end when it ends), whose
     answers are dropped; a decoding step of a small model costs about the same for 1 row as for 32.
     """

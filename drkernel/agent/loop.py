@@ -58,7 +58,7 @@ class LoopConfig:
 
 @dataclass
 class LoopOutcome:
-    records: list[TurnRecord]  # every turn of the run, earlier sessions' included, in file order
+    records: list[TurnRecord]  # every turn of the run, those of runs it resumes included, in file order
     new_turns: int  # turns this call judged and recorded
     generation_errors: list[GenerationErrorRecord]  # turns whose model call failed for good in this call
 

@@ -149,7 +149,7 @@ def _environment_app(tasks: Sequence[Task], evaluator: Evaluator, config: Episod
 
 def create_server(tasks: Sequence[Task], evaluator: Evaluator, config: EpisodeConfig | None = None,
                   max_sessions: int = 64, token: str | None = None) -> Any:
-    """The OpenEnv app (FastAPI) serving episodes over `tasks`; one environment per client session. With `token`,
+    """The OpenEnv app (FastAPI) serving episodes over `tasks`; one environment per client connection. With `token`,
     every request and WebSocket must carry `Authorization: Bearer <token>`, as `drkernel serve` asks (openenv-core's
     own client sends no headers: behind a token, use a client that does, or keep the server on a private network)."""
     from drkernel.service.app import MAX_BODY_BYTES, Guard
@@ -190,7 +190,7 @@ def create_service(dispatcher: Any, tasks: Sequence[Task], config: EpisodeConfig
 
 
 class KernelEnvClient(EnvClient[KernelAction, KernelObservation, KernelState]):
-    """openenv-core's client for this environment (a WebSocket session per client: one episode at a time)."""
+    """openenv-core's client for this environment (a WebSocket connection per client: one episode at a time)."""
 
     def _step_payload(self, action: KernelAction) -> dict[str, Any]:
         return {"answer": action.answer}

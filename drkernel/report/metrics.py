@@ -356,7 +356,7 @@ PHASES = ("duration", "start_latency", "reference", "load", "correctness", "gpu_
 @dataclass(frozen=True)
 class TimingQuality:
     """A run's GPU-timed evaluations (judged in it, not cached): how many the judge measured twice, how many had
-    a side's median timed call slow (above twice its fastest: it waited for something else; lease 10), and the
+    a side's median timed call slow (above twice its fastest: it waited for something else), and the
     candidates' timed calls, slow, blocked and allocating, summed over them."""
 
     run: str

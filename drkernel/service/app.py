@@ -176,7 +176,7 @@ class Guard:
             headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
             found, who = self._principal(scope, headers)
             scope.setdefault("state", {})["client"] = who
-            if scope["type"] == "websocket" and not found:  # a WebSocket session (the OpenEnv server's)
+            if scope["type"] == "websocket" and not found:  # a WebSocket connection (the OpenEnv server's)
                 await send({"type": "websocket.close", "code": 1008, "reason": "missing or wrong bearer token"})
                 return
             if scope["type"] == "http":

@@ -1,5 +1,6 @@
 """A run's checkpoints: which is the newest whole one, which were cut while saving. Standard library only, so that
-the GPU machine's lease driver (benchmarks/lease.py) packs the checkpoint a resume will take, before any wheel is in."""
+a script that copies a run to another machine can find the checkpoint a resume will take before anything is
+installed."""
 
 from __future__ import annotations
 

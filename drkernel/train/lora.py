@@ -1,6 +1,6 @@
 """LoRA for the SFT and RL runs (`lora_rank` in SFTRunConfig and TrainConfig): only adapters train, so what a run
-saves is an adapter of a few MB over its base instead of the whole model, small enough to bring back from a GPU
-machine and carry to the next one (docs/experiments.md); `hf:ADAPTER` loads it merged into its base."""
+saves is an adapter of a few MB over its base instead of the whole model, small enough to copy from one GPU
+machine to the next (docs/miniature.md); `hf:ADAPTER` loads it merged into its base."""
 
 from __future__ import annotations
 

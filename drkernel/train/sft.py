@@ -1,5 +1,5 @@
 """Cold-start SFT of the miniature reproduction: a policy built here (drkernel.train.policy), trained with TRL's
-SFTTrainer on the conversational mix of drkernel.train.synthetic_sft, saved small enough to carry between machines.
+SFTTrainer on the conversational mix of drkernel.train.synthetic_sft, saved in files small enough to copy between machines.
 
 Each row `{"messages": [...]}` becomes a prompt (every message but the last) and a completion (the last answer), so
 the loss falls on the final assistant answer only: the user prompts and feedback are context, and the wrong first
@@ -53,12 +53,12 @@ class SFTRunConfig:
     use_cpu: bool = False
     seed: int = 0
     logging_steps: int = 10
-    max_shard_size: str = "15MB"  # each saved file stays under the 16 MiB a device call brings back
+    max_shard_size: str = "15MB"  # saved files of at most 15 MB, easy to move between machines
     lora_rank: int = 0  # > 0: train a LoRA adapter (drkernel.train.lora) and save it, not the whole model, as final/
     lora_alpha: int = 0  # 0: twice the rank
     # transformers' full determinism (deterministic torch algorithms, cuBLAS workspace, blocking launches): without it
-    # the same rows and seed gave three different SFT policies in three GPU leases, two of them on H100s
-    # (docs/experiments.md, "Leases 7 and 8"), so an adapter trained over one does not sit on the same weights later
+    # the same rows and seed gave three different SFT policies on three GPU machines, two of them H100s
+    # (docs/miniature.md), so an adapter trained over one does not sit on the same weights later
     full_determinism: bool = False
 
     def __post_init__(self) -> None:
@@ -172,8 +172,8 @@ def run_sft(config: SFTRunConfig) -> dict[str, Any]:
 
 def weights_digest(folder: Path) -> str:
     """sha256 over the saved weights (every *.safetensors, in name order): a policy rebuilt from the same seeds and
-    data in another lease is the same policy exactly when the digests agree, and an adapter trained over one then
-    fits the other (docs/experiments.md, "The runs on the GPU")."""
+    data on another machine is the same policy exactly when the digests agree, and an adapter trained over one then
+    fits the other (docs/miniature.md)."""
     digest = hashlib.sha256()
     for path in sorted(folder.glob("*.safetensors")):
         digest.update(path.name.encode() + b"\0")

@@ -81,7 +81,7 @@ def turn_returns(turns: Sequence[JudgedTurn]) -> list[float]:
 def advantages(returns: Sequence[float], prompt_ids: Sequence[int], turn_ids: Sequence[int], estimator: str) -> list[float]:
     """trloo and grpo baseline within a (prompt, turn) group; rloo within the prompt, all turns together. grpo_std
     also divides by the group's std, as GRPO usually does: without it GRPO's advantages are TRLOO's times (K-1)/K
-    for a group of K, a constant Adam's update cancels (docs/experiments.md, leases 17 and 18)."""
+    for a group of K, a constant Adam's update cancels (docs/miniature.md)."""
     g = torch.tensor(returns, dtype=torch.float64)
     if estimator == "trloo":
         return trloo_advantages(g, prompt_ids, turn_ids).tolist()

@@ -6,7 +6,7 @@ about 1x, part of the work in its own kernel: what plain GRPO keeps and the prof
 prompt and a reference solution. Two-turn rows teach what to do with feedback: a scripted model answers a task
 lazily, partially, wrongly, unfused or fused, then with the fused solution (lazy -> fused, partial -> fused, wrong ->
 fixed, unfused -> fused: a correct but slow kernel made fast; fused -> fused: a correct, fast kernel kept, which
-lease 10's policies, never shown one, mostly broke after its feedback), through the real agent loop (`drkernel
+the first RL policies, never shown one, mostly broke after its feedback), through the real agent loop (`drkernel
 bench`'s, judged by KernelGym, so the feedback between the answers is what the judge says), and the judged second
 turns are kept as `drkernel export-sft` keeps turns. Rows are `{"messages": [...]}`, the chat format TRL's SFTTrainer
 reads.
