@@ -8,6 +8,11 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
+SELECTED = pytest.StashKey[list]()  # the test items this run selected (tests/test_hacking.py starts them at once)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    config.stash[SELECTED] = items
 
 
 @pytest.fixture(scope="module")

@@ -36,6 +36,7 @@ from drkernel.runner.evaluate import sandbox_for, with_overrides
 from drkernel.runner.sandbox import Sandbox
 from drkernel.sandbox import guards
 from drkernel.schema import EvalOptions, EvalRequest, EvalResult, Status
+from tests.conftest import SELECTED
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
@@ -102,7 +103,7 @@ def describe(result: EvalResult) -> str:
 def results(request: pytest.FixtureRequest) -> Iterator[dict[Path, Future[EvalResult]]]:
     """Futures of the evaluations of every selected test of this module, started at once."""
     wanted: list[Path] = []
-    for item in request.session.items:
+    for item in request.config.stash[SELECTED]:
         path = getattr(getattr(item, "callspec", None), "params", {}).get("path")
         if getattr(item, "module", None) is request.module and isinstance(path, Path) and runnable(path):
             if path not in wanted:

@@ -1132,7 +1132,7 @@ def warm_up(device: torch.device) -> None:
     the CUDA context, the profiler's CUPTI initialisation, the caching allocator."""
     if device.type != "cuda":
         return
-    with profiling.cuda_session(cpu=False):
+    with profiling.cuda_profiler(cpu=False):
         torch.ones(1, device=device).add_(1)
         torch.cuda.synchronize()
 
