@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from drkernel.runner.supervisor import DeviceQueue, Supervisor
-from drkernel.sandbox.correctness_phase import CorrectnessPhase
+from drkernel.sandbox.correctness_phase import CorrectnessPhase, CorrectnessReport
 from drkernel.sandbox.gate import DeviceGate
 from drkernel.sandbox.gpu_policy import GpuPolicy, MemoryClass, memory_class
 from drkernel.sandbox.judge_context import JudgeContext
@@ -296,7 +296,7 @@ def test_memory_running_out_beside_others_is_checked_again_alone(tmp_path: Path,
     timer = _gate(tmp_path, "t")
     calls: list[tuple[int, bool]] = []
 
-    def trial(reference: object, index: int, with_precision: bool, report, *args: object) -> None:  # type: ignore[no-untyped-def]
+    def trial(reference: object, index: int, with_precision: bool, report: CorrectnessReport, *args: object) -> None:
         alone = not _can_take(timer.shared)
         calls.append((index, alone))
         report.notes.append(f"noted in trial {index}")

@@ -148,7 +148,8 @@ def test_a_large_evaluation_measures_precision_within_a_smaller_share_of_the_gpu
     for large, rows in ((False, None), (True, 4)):
         policy = GpuPolicy(None, torch.device("cuda"), SimpleNamespace())  # type: ignore[arg-type]
         policy.memory = MemoryClass(large, False)
-        phase = CorrectnessPhase(JudgeContext(None, tmp_path, torch.device("cuda"), None, policy))  # type: ignore[arg-type]
+        context = JudgeContext(None, tmp_path, torch.device("cuda"), None, policy)  # type: ignore[arg-type]
+        phase = CorrectnessPhase(context)
         reference = Reference(model, model, lambda: [x], [], torch.device("cpu"))
         notes: list[str] = []
         exact = phase._precision(reference, [x], model(x), False, torch.no_grad, notes)

@@ -35,7 +35,7 @@ class BadMessage(Exception):
 
 
 class Channel:
-    """One end of a stream socket carrying (header, payloads) messages."""
+    """One end of a stream socket over which (header, payloads) messages go."""
 
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock

@@ -125,15 +125,15 @@ class GpuPolicy:
             if not out_of_memory(exc):
                 raise
             first = established_by(exc)
-            carried = PhaseOutcome(findings=first.findings if first else [], notes=[
+            first_attempt = PhaseOutcome(findings=first.findings if first else [], notes=[
                 f"{phase}: the GPU's memory ran out beside other evaluations ({failure_text(exc)[:200]}): run again "
                 "alone"])
         try:
             outcome = work(True)
         except BaseException as again:
-            establish(again, _carried_into(carried, established_by(again) or PhaseOutcome()))
+            establish(again, _after_first_attempt(first_attempt, established_by(again) or PhaseOutcome()))
             raise
-        return _carried_into(carried, outcome)
+        return _after_first_attempt(first_attempt, outcome)
 
     def frees_cache_now(self) -> bool:
         """`frees_cached_memory` for what this evaluation and its subject hold now."""
@@ -180,7 +180,7 @@ class GpuPolicy:
                 self.memory_gib[key] = max(self.memory_gib.get(key, 0.0), round(peak / 2**30, 3))
 
 
-def _carried_into(first: PhaseOutcome, outcome: Outcome) -> Outcome:
+def _after_first_attempt(first: PhaseOutcome, outcome: Outcome) -> Outcome:
     """`outcome` with the first attempt's findings and the note that it ran again before its own."""
     outcome.findings[:0] = first.findings
     outcome.notes[:0] = first.notes

@@ -17,7 +17,7 @@ TOP_KERNELS = 8
 
 
 def cuda_profiler(cpu: bool = True) -> torch.autograd.profiler.profile:
-    """A profiler of the CUDA activity (and the CPU's), through the autograd profiler that `torch.profiler`
+    """A profiler run over the CUDA activity (and the CPU's), through the autograd profiler that `torch.profiler`
     wraps: entering `torch.profiler.profile` asks whether `torch._inductor` is loaded, which imports it and
     `torch._dynamo` (about half a second on an H100's host) in each of an evaluation's two processes, since the fork
     server does not import them (drkernel.sandbox.guards)."""
@@ -26,7 +26,7 @@ def cuda_profiler(cpu: bool = True) -> torch.autograd.profiler.profile:
 
 def profile_cuda(calls: list[Callable[[], Any]], own_names: set[str],
                  after: Callable[[Any], None] | None = None) -> Profile:
-    """Profile `calls` (one forward each, on inputs of their own), each under a profiler of its own so that
+    """Profile `calls` (one forward each, on inputs of their own), each in a profiler run of its own so that
     `after` can take its output (a candidate may reuse one output buffer) outside the profiled window."""
     times: dict[str, float] = defaultdict(float)
     counts: dict[str, int] = defaultdict(int)

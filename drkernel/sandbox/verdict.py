@@ -1,7 +1,7 @@
 """The verdict: what the judge's phases established, and the one function that decides from it.
 
 Each phase returns a `PhaseOutcome` (its own results, the hack findings it made, the notes it wrote); a phase that
-cannot go on raises a `Failure`, which carries what that phase had established up to then. The subject's own checks
+cannot go on raises a `Failure`, which holds what that phase had established up to then. The subject's own checks
 report findings on its replies (drkernel.sandbox.subject_link keeps them). `decide` reads all of it, so that the
 verdict can be read and tested alone.
 """
@@ -57,7 +57,7 @@ class Failure(Exception):
 
 @contextmanager
 def establishing(outcome: Outcome) -> Iterator[Outcome]:
-    """A phase's outcome as it grows: whatever exception ends the phase early carries it (`established_by`)."""
+    """A phase's outcome as it grows: whatever exception ends the phase early holds it (`established_by`)."""
     try:
         yield outcome
     except BaseException as exc:
@@ -66,9 +66,9 @@ def establishing(outcome: Outcome) -> Iterator[Outcome]:
 
 
 def establish(exc: BaseException, outcome: PhaseOutcome) -> None:
-    """Let `exc`, which ends a phase, carry what the phase had established (a Failure's `established`; any other
+    """Let `exc`, which ends a phase, hold what the phase had established (a Failure's `established`; any other
     exception, the judge's own, gets the same attribute)."""
-    with contextlib.suppress(AttributeError):  # an exception type without a __dict__ carries nothing
+    with contextlib.suppress(AttributeError):  # an exception type without a __dict__ holds nothing
         exc.established = outcome  # type: ignore[attr-defined]
 
 
