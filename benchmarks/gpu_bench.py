@@ -675,17 +675,17 @@ def section_phases(args: argparse.Namespace) -> dict:
 
 
 def phase_breakdown(pairs: list[tuple[str, EvalRequest]]) -> dict:
-    """Each problem through one sandbox, one at a time, with a cold Triton cache; the median of every phase over the
-    problems found correct."""
-    from drkernel.runner.sandbox import Sandbox
+    """Each problem through one supervisor, one at a time, with a cold Triton cache; the median of every phase over
+    the problems found correct."""
+    from drkernel.runner.supervisor import Supervisor
 
     fresh_triton_cache("phases")
     device = resolve_device(pairs[0][1].options.device) if pairs else "cpu"
-    sandbox = Sandbox(device=device, gpu=discover_gpus()[0] if device == "cuda" else None, overlap=1)
+    supervisor = Supervisor(device=device, gpu=discover_gpus()[0] if device == "cuda" else None, overlap=1)
     try:
-        rows = {name: summary(sandbox.evaluate(request)) for name, request in pairs}
+        rows = {name: summary(supervisor.run(request)) for name, request in pairs}
     finally:
-        sandbox.close()
+        supervisor.close()
     correct = [row["phases_s"] for row in rows.values() if row["status"] == "correct"]
     keys = dict.fromkeys(key for phases in correct for key in phases)
     return {**rows, "median": {key: statistics.median(p.get(key, 0.0) for p in correct) for key in keys}}

@@ -37,7 +37,7 @@ sys.path.insert(0, str(REPO))
 
 import torch  # noqa: E402  (as the fork server: torch imported, CUDA untouched)
 
-from drkernel.sandbox import judge  # noqa: E402
+from drkernel.sandbox import startup  # noqa: E402
 
 RECORD = struct.Struct("ddd")  # a started process's fork, ready and reaped times (time.perf_counter, host-wide)
 
@@ -50,7 +50,7 @@ def _warm_kernel(device: torch.device) -> None:
     torch.cuda.synchronize()
 
 
-WARM = {"profiler": judge.warm_up, "kernel": _warm_kernel}
+WARM = {"profiler": startup.warm_up, "kernel": _warm_kernel}
 
 
 def _lane(device: torch.device, warm: str, until: float, out: int) -> None:

@@ -66,6 +66,36 @@ class HackReason(_StrEnum):
     L2_PERSISTENCE = "l2_persistence"
 
 
+class ErrorKind(_StrEnum):
+    """The error kinds the harness names itself (ErrorInfo.kind); any other kind is the class name of an exception
+    raised by the candidate's code or the reference's."""
+
+    MISMATCH = "Mismatch"  # an output differs from the reference's (status incorrect)
+    REFERENCE_ERROR = "ReferenceError"  # the reference cannot be loaded, built or given inputs (invalid)
+    NO_MODEL_NEW = "NoModelNew"  # the candidate defines no ModelNew (invalid)
+    BAD_REQUEST = "BadRequest"  # a request that cannot be read (invalid)
+    LIMIT_TOO_LOW = "LimitTooLow"  # a memory limit below what the evaluation's own processes need (invalid)
+    TIMEOUT = "Timeout"  # the evaluation ran past its wall-clock limit (timeout)
+    MEMORY_LIMIT = "MemoryLimit"  # it ran past its host-memory limit (crashed)
+    SIGNAL = "Signal"  # the candidate's process was killed by a signal (crashed)
+    EXIT = "Exit"  # a process ended before it answered (crashed)
+    BAD_REPLY = "BadReply"  # the candidate's process broke the judge's protocol (crashed)
+    KILLED_HARNESS = "KilledHarness"  # the judge or its parent was killed (crashed)
+    CORRUPT_RESULT = "CorruptResult"  # the judge reported an unreadable result (crashed)
+    # The harness failed, not the candidate: the scheduler runs these again and no cache keeps them.
+    SANDBOX_ERROR = "SandboxError"  # the evaluation's processes could not be set up, or the judge's GPU work failed
+    WORKER_LOST = "WorkerLost"  # the worker holding the evaluation died, its retries spent
+    BACKEND_ERROR = "BackendError"  # the service's evaluation backend raised
+
+    @classmethod
+    def of(cls, kind: str) -> ErrorKind | None:
+        """The member an ErrorInfo.kind names, or None for an exception's class name."""
+        return cls._value2member_map_.get(str(kind))  # type: ignore[return-value]  (a member hashes by its name)
+
+
+HARNESS_ERRORS = frozenset({ErrorKind.SANDBOX_ERROR, ErrorKind.WORKER_LOST, ErrorKind.BACKEND_ERROR})
+
+
 @dataclass
 class TimingStats:
     """Timing of one side (reference or candidate). Times in milliseconds."""
@@ -133,9 +163,14 @@ class Correctness:
 
 @dataclass
 class ErrorInfo:
-    kind: str  # exception class name, or "Timeout", "Signal", "MemoryLimit", ...
+    kind: str  # an ErrorKind's value, or the class name of an exception the candidate's or reference's code raised
     message: str
     traceback: str = ""  # trimmed: the frames of the candidate's own code first
+
+    @property
+    def blames_harness(self) -> bool:
+        """The harness failed, not the candidate (HARNESS_ERRORS): the verdict says nothing about the kernel."""
+        return ErrorKind.of(self.kind) in HARNESS_ERRORS
 
 
 @dataclass
@@ -209,7 +244,8 @@ class EvalResult:
         return cls.from_dict(json.loads(text))
 
     @classmethod
-    def failure(cls, status: Status, kind: str, message: str, traceback: str = "") -> EvalResult:
+    def failed(cls, status: Status, kind: str, message: str, traceback: str = "") -> EvalResult:
+        """A result that is only its verdict and error: an evaluation that ended before any phase ran."""
         return cls(status=status, error=ErrorInfo(kind=kind, message=message, traceback=traceback))
 
 

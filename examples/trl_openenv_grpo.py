@@ -40,7 +40,7 @@ import uvicorn
 from datasets import Dataset
 from trl import GRPOConfig, GRPOTrainer
 
-from drkernel.agent.evaluate import BackendEvaluator
+from drkernel.scheduling.evaluator import BackendEvaluator
 from drkernel.integrations.openenv import EpisodeConfig, KernelAction, KernelEnvClient, KernelObservation, create_server
 from drkernel.runner.devices import resolve_device
 from drkernel.scheduling.scheduler import Scheduler

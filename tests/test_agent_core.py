@@ -98,7 +98,7 @@ def test_first_turn_prompt_embeds_the_reference_verbatim():
 
 
 def test_feedback_prompt_renders_errors_and_stays_under_the_limit():
-    result = EvalResult.failure(Status.RUNTIME_ERROR, "ValueError", "shapes differ x" * 3)
+    result = EvalResult.failed(Status.RUNTIME_ERROR, "ValueError", "shapes differ x" * 3)
     text = feedback_prompt(result, GOOD)
     assert "Verdict: RUNTIME_ERROR" in text and "Error (ValueError): shapes differ x" in text
     assert not text.lstrip().startswith("{")  # rendered, not a JSON dump
@@ -118,7 +118,7 @@ def test_templates_from_file(tmp_path):
     templates = PromptTemplates.from_file(toml)
     assert templates.first_turn == PromptTemplates().first_turn
     assert feedback_prompt(None, None, templates) == "No code."
-    result = EvalResult.failure(Status.TIMEOUT, "Timeout", "took too long")
+    result = EvalResult.failed(Status.TIMEOUT, "Timeout", "took too long")
     assert feedback_prompt(result, GOOD, templates) == "Result:\nVerdict: TIMEOUT\nError (Timeout): took too long\nAgain."
     (tmp_path / "t.json").write_text(json.dumps({"first_turn": "Do it: {reference}"}))
     assert first_turn_prompt("X", PromptTemplates.from_file(tmp_path / "t.json")) == "Do it: X"

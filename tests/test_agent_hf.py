@@ -173,7 +173,7 @@ def test_generation_behind_the_device_gate_waits_for_a_timing_and_makes_way_ever
 
 def test_a_local_model_shares_the_gate_of_the_embedded_scheduler_s_gpu(monkeypatch, tmp_path):
     from drkernel.agent import bench
-    from drkernel.runner.sandbox import Sandbox
+    from drkernel.runner.supervisor import Supervisor
     from drkernel.scheduling.engine import EngineConfig
     from drkernel.schema import EvalOptions
 
@@ -182,7 +182,7 @@ def test_a_local_model_shares_the_gate_of_the_embedded_scheduler_s_gpu(monkeypat
     monkeypatch.setattr(bench, "discover_gpus", lambda: ["3", "5"])
     config = bench.BenchConfig(tasks="t", model="hf:/m", evaluation=EvalOptions(device="cuda"))
     gate = bench.generation_gate(config)
-    assert gate is not None and gate.path == Sandbox(device="cuda", gpu="3").gate  # the GPU it is on
+    assert gate is not None and gate.path == Supervisor(device="cuda", gpu="3").gate  # the GPU it is on
     for other in (dataclasses.replace(config, evaluation=EvalOptions(device="cpu")),
                   dataclasses.replace(config, model="m", base_url="u"),
                   dataclasses.replace(config, engine=EngineConfig("http://x:8000"))):  # no shared GPU, or elsewhere

@@ -128,8 +128,8 @@ def test_serve_refuses_a_service_as_its_engine():
 
 
 def test_every_engine_is_opened_by_one_function():
-    """bench, train, eval's batches and the verl plugin open their evaluator with agent.evaluate.open_evaluator; serve
-    its backend with scheduling.engine.open_backend, which open_evaluator uses too."""
+    """bench, train, eval's batches and the verl plugin open their evaluator with scheduling.evaluator.open_evaluator;
+    serve its backend with scheduling.engine.open_backend, which open_evaluator uses too."""
     import drkernel
 
     package = Path(drkernel.__file__).parent
@@ -140,8 +140,8 @@ def test_every_engine_is_opened_by_one_function():
             if name in text.replace(f"def {name}", "") and "class " + name.rstrip("(") not in text:
                 openers.setdefault(name, set()).add(str(path.relative_to(package)))
     assert openers["RayBackend("] == openers["Scheduler("] == {"scheduling/engine.py"}
-    assert openers["service.client import"] == {"agent/evaluate.py"}
-    assert openers["open_backend("] == {"agent/evaluate.py", "cli/serve.py"}
+    assert openers["service.client import"] == {"scheduling/evaluator.py"}
+    assert openers["open_backend("] == {"scheduling/evaluator.py", "cli/serve.py"}
     assert openers["open_evaluator("] == {"agent/bench.py", "cli/batch.py", "train/run.py", "integrations/verl.py"}
 
 

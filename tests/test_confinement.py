@@ -18,7 +18,7 @@ from typing import Iterator
 
 import pytest
 
-from drkernel.runner.sandbox import Sandbox
+from drkernel.runner.supervisor import Supervisor
 from drkernel.sandbox import landlock
 from drkernel.schema import EvalOptions, EvalRequest
 
@@ -65,9 +65,9 @@ def planted(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[str]]:
 
 
 @pytest.fixture(scope="module")
-def sandbox(planted: list[str]) -> Iterator[Sandbox]:
+def supervisor(planted: list[str]) -> Iterator[Supervisor]:
     # Its fork server starts with the secrets in this process's environment.
-    box = Sandbox(device=DEVICE, gpu="0" if DEVICE == "cuda" else None)
+    box = Supervisor(device=DEVICE, gpu="0" if DEVICE == "cuda" else None)
     yield box
     box.close()
 
@@ -85,17 +85,17 @@ def assert_clean(text: str, planted: list[str]) -> None:
 
 
 @pytest.mark.parametrize("name", sorted(HOSTILE))
-def test_hostile_candidate_gets_nothing_back(sandbox: Sandbox, planted: list[str], name: str) -> None:
-    result = sandbox.evaluate(EvalRequest(REFERENCE, HOSTILE[name], options()))
+def test_hostile_candidate_gets_nothing_back(supervisor: Supervisor, planted: list[str], name: str) -> None:
+    result = supervisor.run(EvalRequest(REFERENCE, HOSTILE[name], options()))
     assert result.status in ("runtime_error", "crashed", "hacked"), result.to_json(indent=1)
     assert_clean(result.to_json(), planted)
 
 
-def test_the_layers_are_applied_and_reported(sandbox: Sandbox, planted: list[str]) -> None:
+def test_the_layers_are_applied_and_reported(supervisor: Supervisor, planted: list[str]) -> None:
     probe = GOOD.replace("import torch\n", "import os, torch\nSEEN = sorted(os.listdir('/proc'))\n", 1)
     probe = probe.replace("class ModelNew", "print('seen', [p for p in SEEN if p.isdigit()], os.getpid())\n"
                                             "raise RuntimeError(str([p for p in SEEN if p.isdigit()]))\nclass ModelNew", 1)
-    result = sandbox.evaluate(EvalRequest(REFERENCE, probe, options()))
+    result = supervisor.run(EvalRequest(REFERENCE, probe, options()))
     layers = result.environment.confinement
     abi = landlock.abi_version()
     if not abi:
@@ -109,7 +109,7 @@ def test_the_layers_are_applied_and_reported(sandbox: Sandbox, planted: list[str
         assert result.error.message == "['1', '2', '3']"  # the reaper (PID 1), the judge, itself: no other process
     if ROOT:
         assert layers["uid"] == "65534" or layers["uid"].startswith("0 without capabilities")
-    good = sandbox.evaluate(EvalRequest(REFERENCE, GOOD, options()))
+    good = supervisor.run(EvalRequest(REFERENCE, GOOD, options()))
     assert good.status == "correct", good.to_json(indent=1)
     assert {k: v for k, v in good.environment.confinement.items() if not k.startswith("subject_")} == layers
     assert good.environment.confinement["subject_channel"].startswith("the candidate's threads cannot reach it")
@@ -159,10 +159,10 @@ def test_service_returns_no_secret(planted: list[str], tmp_path: Path) -> None:
     assert (store.stat().st_mode & 0o777) == 0o600
 
 
-def test_the_traceback_holds_the_candidates_frames_only(sandbox: Sandbox) -> None:
+def test_the_traceback_holds_the_candidates_frames_only(supervisor: Supervisor) -> None:
     source = GOOD.replace("class ModelNew", "def helper():\n    raise KeyError('own')\n\n\nclass ModelNew", 1)
     source = source.replace("    def forward(self, ", "    def forward(self, *args):\n        helper()\n\n    def unused(self, ", 1)
-    result = sandbox.evaluate(EvalRequest(REFERENCE, source, options()))
+    result = supervisor.run(EvalRequest(REFERENCE, source, options()))
     assert result.error is not None and result.error.kind == "KeyError", result.to_json(indent=1)
     frames = [line.strip() for line in result.error.traceback.splitlines() if line.strip().startswith("File ")]
     assert frames and all(frame.startswith('File "candidate.py"') for frame in frames), result.error.traceback

@@ -252,7 +252,7 @@ def test_a_median_moved_by_work_beside_half_the_calls_is_unsteady() -> None:
 def test_what_the_subject_reports_of_a_timed_call_s_host_is_kept_only_when_well_formed() -> None:
     """The subject's process ran candidate code: its counts of a call (host interruptions, allocations from the
     driver) are diagnostics, kept when they are plain counts, zero otherwise (a forgery misleads only its own notes)."""
-    from drkernel.sandbox.judge import _count, _counts
+    from drkernel.sandbox.timing_phase import _count, _counts
 
     assert _counts([1, 0, 2]) == [1, 0, 2] and _count(3) == 3
     for forged in ([1, 0], [1, 0, -1], [1.0, 0, 0], "x", None, [True, 0, 0][:2]):
@@ -406,7 +406,7 @@ def test_feedback_renders_failures_with_their_error_and_relevant_traceback() -> 
     tb = "Traceback (most recent call last):\n" + "".join(
         f'  File "/lib/torch/x{i}.py", line {i}, in f\n    g()\n' for i in range(20)
     ) + '  File "candidate.py", line 12, in forward\n    k[(1,)](x)\nValueError: bad block\n'
-    result = EvalResult.failure(Status.RUNTIME_ERROR, "ValueError", "bad block", tb)
+    result = EvalResult.failed(Status.RUNTIME_ERROR, "ValueError", "bad block", tb)
     text = render(result)
     assert "Verdict: RUNTIME_ERROR" in text and "Error (ValueError): bad block" in text
     assert 'File "candidate.py", line 12' in text and "x3.py" not in text
@@ -531,7 +531,7 @@ def test_status_is_the_enum_and_a_result_s_json_is_unchanged() -> None:
     assert type(result.to_dict()["status"]) is str  # plain JSON values, for any serialiser
     assert str(result.status) == f"{result.status}" == "hacked"  # printed as its value, not Status.HACKED
     assert EvalResult(status="timeout").status is Status.TIMEOUT  # given as a string (the judge's JSON)
-    assert EvalResult.failure(Status.CRASHED, "WorkerLost", "m").status is Status.CRASHED
+    assert EvalResult.failed(Status.CRASHED, "WorkerLost", "m").status is Status.CRASHED
     with pytest.raises(ValueError):
         EvalResult(status="not a status")
 
@@ -540,7 +540,7 @@ def test_a_harness_copy_that_finds_no_gpu_memory_is_the_harness_failure(tmp_path
     """The subject's own copies of the judge's values (inputs, outputs to stage) failing for memory that others
     hold is `crashed` / `SandboxError` (run again by the scheduler), not the candidate's `runtime_error`."""
     from drkernel.sandbox.subject import Refusal, Subject
-    from drkernel.scheduling.cache import infrastructure_failure
+    from drkernel.scheduling.cache import blames_harness
 
     subject = Subject(None, tmp_path, torch.device("cpu"), gate_hooks=False)
     values = [torch.ones(3), 2]
@@ -555,7 +555,7 @@ def test_a_harness_copy_that_finds_no_gpu_memory_is_the_harness_failure(tmp_path
         subject._own_copy(values)
     failure = refused.value.failure
     assert (failure["status"], failure["kind"]) == ("crashed", "SandboxError") and "6.00 GiB" in failure["message"]
-    assert infrastructure_failure(EvalResult.failure(Status.CRASHED, failure["kind"], failure["message"]))
+    assert blames_harness(EvalResult.failed(Status.CRASHED, failure["kind"], failure["message"]))
 
 
 class _FakeSubjectLink:
@@ -576,13 +576,14 @@ class _FakeSubjectLink:
         self.asked.append("null" if fields.get("null") else "time")
         return {"outputs": "encoded", "event_ms": 1.0}, [], 2.0
 
-    def values(self, reply, payloads, key):
+    def map_and_keep(self, reply, payloads, key):
         self.decoded.append(key)
         return reply[key]
 
 
 def test_timed_inputs_are_written_into_the_subject_s_buffers_and_null_calls_hand_nothing_over() -> None:
-    from drkernel.sandbox.judge import Failure, TimedCalls
+    from drkernel.sandbox.subject_link import TimedCalls
+    from drkernel.sandbox.verdict import Failure
 
     template = [torch.zeros(2, 3), 4]
     subject_buffers = [torch.zeros(2, 3), 4]
@@ -600,7 +601,7 @@ def test_timed_inputs_are_written_into_the_subject_s_buffers_and_null_calls_hand
         assert link.decoded == ["inputs"]  # a null call's reply is not decoded: nothing was handed over
         assert calls.timed(0.1)[2] == "encoded" and link.decoded == ["inputs", "outputs"]
     assert link.asked == ["stage", "null", "time", "release"] and parts == ["stage", "release"]
-    assert link.fields["release"] == {"give_back": False}  # the judge's `gives_back` decides, as between phases
+    assert link.fields["release"] == {"give_back": False}  # `frees_cached_memory` decides, as between phases
     for unlike in ([torch.zeros(3, 2), 4], [torch.zeros(2, 3, dtype=torch.float64), 4], [torch.zeros(2, 3)], "x"):
         with pytest.raises(Failure) as failed:
             TimedCalls(_FakeSubjectLink(unlike), template, part, lambda: True).__enter__()  # type: ignore[arg-type]
@@ -614,8 +615,8 @@ def test_the_output_buffers_are_made_at_the_warm_up_so_no_timed_call_allocates_t
     from types import SimpleNamespace
 
     from drkernel.sandbox import subject as subject_module
-    from drkernel.sandbox.judge import TimedCalls
     from drkernel.sandbox.subject import Subject
+    from drkernel.sandbox.subject_link import TimedCalls
 
     monkeypatch.setattr(subject_module, "_stageable", lambda out: True)  # as the GPU's outputs are
     made: list[object] = []
@@ -688,8 +689,7 @@ def test_a_subject_that_aborts_is_one_crash_by_signal_with_the_cause_its_stderr_
     import socket
 
     from drkernel.sandbox.channel import Channel, ChannelClosed
-    from drkernel.sandbox.guards import Findings
-    from drkernel.sandbox.judge import SubjectLink, _stderr
+    from drkernel.sandbox.subject_link import SubjectLink, stderr_causes
     from drkernel.schema import Status
 
     (tmp_path / "stderr.txt").write_text(
@@ -704,8 +704,7 @@ def test_a_subject_that_aborts_is_one_crash_by_signal_with_the_cause_its_stderr_
         os.abort()
     theirs.close()
     os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT)  # dead, not yet reaped: as the judge finds it
-    findings = Findings()
-    link = SubjectLink(Channel(ours), pid, tmp_path, torch.device("cuda"), findings, None)
+    link = SubjectLink(Channel(ours), pid, tmp_path, torch.device("cuda"), None)
     first = link._died(ChannelClosed("the subject closed the connection"))
     again = link._died(ChannelClosed("the subject closed the connection"))  # the phase's clean-up asking it
     assert again is first and (first.status, first.kind) == (Status.CRASHED, "Signal")
@@ -714,22 +713,22 @@ def test_a_subject_that_aborts_is_one_crash_by_signal_with_the_cause_its_stderr_
                                   "'c10::AcceleratorError' / what():  CUDA error: an illegal memory access was "
                                   "encountered")
     assert "what():  CUDA error: an illegal memory access" in first.tb.splitlines()[2]  # before the stack's tail
-    assert dict(findings.details) == {}  # no exit_called: the candidate called no exit
+    assert link.reported == []  # no exit_called: the candidate called no exit
     with pytest.raises(ProcessLookupError):
         os.kill(pid, 0)  # reaped
     (tmp_path / "stderr.txt").write_text("free(): invalid size\nFatal Python error: Aborted\n")  # the interpreter's
-    assert _stderr(tmp_path / "stderr.txt")[1] == ["free(): invalid size"]  # the C library saw the heap corrupted
+    assert stderr_causes(tmp_path / "stderr.txt")[1] == ["free(): invalid size"]  # the C library saw the heap corrupted
     signalled = []
     monkeypatch.setattr(os, "kill", lambda *args: signalled.append(args))
     assert os.WTERMSIG(link.stop()) == signal.SIGABRT and signalled == []  # its PID may be another's by now
 
 
 def test_a_crash_message_names_the_reference_s_outputs() -> None:
-    from drkernel.sandbox.judge import _described
+    from drkernel.sandbox.subject_link import described
 
-    assert _described(torch.zeros(4, 2)) == "a float32 tensor of shape (4, 2)"
+    assert described(torch.zeros(4, 2)) == "a float32 tensor of shape (4, 2)"
     many = (torch.zeros(3, dtype=torch.int64), 2.0, *[torch.zeros(1)] * 3)
-    assert _described(many) == ("5 outputs: an int64 tensor of shape (3,); a float; a float32 tensor of shape (1,); "
+    assert described(many) == ("5 outputs: an int64 tensor of shape (3,); a float; a float32 tensor of shape (1,); "
                                 "a float32 tensor of shape (1,); ...")
 
 
@@ -739,10 +738,10 @@ def test_the_judge_keeps_each_gated_phase_s_most_memory_in_both_processes(tmp_pa
     import time
     from types import SimpleNamespace
 
-    from drkernel.sandbox.guards import Findings
-    from drkernel.sandbox.judge import Judge, SubjectLink
+    from drkernel.sandbox.gpu_policy import GpuPolicy
+    from drkernel.sandbox.subject_link import SubjectLink
 
-    link = SubjectLink(None, 0, tmp_path, torch.device("cpu"), Findings(), None)  # type: ignore[arg-type]
+    link = SubjectLink(None, 0, tmp_path, torch.device("cpu"), None)  # type: ignore[arg-type]
     for claim in (7 * 2**30, "9", -1, 1 << 60, True, 3.5 * 2**30, 2 * 2**30):
         link._account(time.perf_counter(), {"busy_s": 0.0, "peak_bytes": claim})
     assert link.peak_bytes == 7 * 2**30  # the largest well-formed claim
@@ -750,14 +749,14 @@ def test_the_judge_keeps_each_gated_phase_s_most_memory_in_both_processes(tmp_pa
     judge_peaks = iter([3 * 2**30, 5 * 2**30, 1 * 2**30])
     monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda device=None: None)
     monkeypatch.setattr(torch.cuda, "max_memory_reserved", lambda device=None: next(judge_peaks))
-    judge = Judge(None, tmp_path, torch.device("cuda"), None, SimpleNamespace(findings=Findings(), peak_bytes=1))
+    gpu = GpuPolicy(None, torch.device("cuda"), SimpleNamespace(peak_bytes=1))  # type: ignore[arg-type]
     for subject_peak in (2 * 2**30, 2**30):  # two holds of one phase (ordinary evaluations hold trial by trial)
-        with judge._memory_of("correctness"):
-            assert judge.link.peak_bytes == 0  # counted from the hold's start
-            judge.link.peak_bytes = subject_peak
-    with judge._memory_of("timing"):
-        judge.link.peak_bytes = 4 * 2**30
-    assert judge.memory_gib == {"correctness_judge": 5.0, "correctness_subject": 2.0,
+        with gpu._memory_of("correctness"):
+            assert gpu.link.peak_bytes == 0  # counted from the hold's start
+            gpu.link.peak_bytes = subject_peak
+    with gpu._memory_of("timing"):
+        gpu.link.peak_bytes = 4 * 2**30
+    assert gpu.memory_gib == {"correctness_judge": 5.0, "correctness_subject": 2.0,
                                 "timing_judge": 1.0, "timing_subject": 4.0}
 
 
@@ -787,56 +786,56 @@ def test_the_subject_hands_its_staged_buffers_to_the_candidate_as_new_views_each
 
 
 def test_a_wall_clock_suspicion_is_measured_again_and_only_the_second_measurement_counts(tmp_path, monkeypatch) -> None:
-    """A legitimate kernel was `side_stream_timing` on an H200 beside other runs' evaluations (2026-11-26): stalls of
+    """A legitimate kernel was `side_stream_timing` on an H200 beside other runs' evaluations: stalls of
     the host, not hidden work. The check now fires only if a second, whole measurement shows it again, and the
     second measurement's timings are the ones kept (a candidate that behaves for it is timed as it behaves)."""
     from types import SimpleNamespace
 
     from drkernel.sandbox import guards
-    from drkernel.sandbox.judge import Judge, wall_clock_excess
+    from drkernel.sandbox.timing_phase import TimingPhase, wall_clock_excess
 
     assert wall_clock_excess(0.1, 1.15) is None  # within 1.5 x + 1 ms
     assert wall_clock_excess(0.0054, 2.7566) == ("your process timed 0.0054 ms per call, but the judge saw 2.7566 ms "
                                                  "of work per call until the device was idle")
 
     def judged(*measurements):
-        judge = Judge(None, tmp_path, torch.device("cpu"), None, SimpleNamespace(findings=guards.Findings()))
+        phase = TimingPhase(SimpleNamespace())  # type: ignore[arg-type]
         made = iter((SimpleNamespace(name=name, unsteady=unsteady, timing=SimpleNamespace(measurements=1)), found)
                     for name, found, *unsteady in measurements)
-        monkeypatch.setattr(judge, "_measure_once", lambda reference, report, spent: next(made))
-        judge_kept = judge.measure(None, None)  # type: ignore[arg-type]
-        assert judge_kept.timing.measurements == (2 if judge.notes and "measured again" in judge.notes[0] else 1)
-        return judge, judge_kept.name
+        monkeypatch.setattr(phase, "_measure_once", lambda reference, report, spent, found: next(made))
+        kept = phase.run(None, None)  # type: ignore[arg-type]
+        assert kept.timing.measurements == (2 if kept.notes and "measured again" in kept.notes[0] else 1)
+        return kept, {f.code: f.message for f in kept.findings}
 
     stalled = {guards.SIDE_STREAM: "your process timed 0.0054 ms ...: work ran outside the timed stream"}
-    judge, kept = judged(("first", stalled), ("second", {}))
-    assert kept == "second" and not judge.findings
-    assert judge.notes == [f"timing measured again: in the first measurement {stalled[guards.SIDE_STREAM]}"]
+    kept, found = judged(("first", stalled), ("second", {}))
+    assert kept.name == "second" and not found
+    assert kept.notes == [f"timing measured again: in the first measurement {stalled[guards.SIDE_STREAM]}"]
     hidden = {guards.SIDE_STREAM: "again", guards.IMPOSSIBLE_SPEED: "too fast"}
-    judge, kept = judged(("first", stalled), ("second", hidden), ("never", {}))
-    assert kept == "second" and judge.findings.details == hidden  # shown twice: refused, with the second's words
-    judge, kept = judged(("only", {guards.IMPOSSIBLE_SPEED: "too fast"}), ("never", {}))
-    assert kept == "only" and judge.findings.codes == [guards.IMPOSSIBLE_SPEED] and judge.notes == []
-    # a median that is a slow call (a fifth of the candidates' beside other runs, on four H200s) is measured again too;
+    kept, found = judged(("first", stalled), ("second", hidden), ("never", {}))
+    assert kept.name == "second" and found == hidden  # shown twice: refused, with the second's words
+    kept, found = judged(("only", {guards.IMPOSSIBLE_SPEED: "too fast"}), ("never", {}))
+    assert kept.name == "only" and list(found) == [guards.IMPOSSIBLE_SPEED] and kept.notes == []
+    # a median that is a slow call (a fifth of the candidates' in an RL run beside other runs) is measured again too;
     # a second one still so says it
     slow = "7 of the candidate's 10 timed calls took more than 2 times its fastest (0.0234 ms), and its median ..."
-    judge, kept = judged(("first", {}, slow), ("second", {}), ("never", {}))
-    assert kept == "second" and judge.notes == [f"timing measured again: in the first measurement {slow}"]
-    judge, kept = judged(("first", {}, slow), ("second", {}, slow), ("never", {}))
-    assert kept == "second" and judge.notes[1] == (f"timing: {slow}: the speedup may be off (a busy host or GPU); "
-                                                   "timing.*.samples_ms holds every call")
+    kept, _ = judged(("first", {}, slow), ("second", {}), ("never", {}))
+    assert kept.name == "second" and kept.notes == [f"timing measured again: in the first measurement {slow}"]
+    kept, _ = judged(("first", {}, slow), ("second", {}, slow), ("never", {}))
+    assert kept.name == "second" and kept.notes[1] == (f"timing: {slow}: the speedup may be off (a busy host or "
+                                                       "GPU); timing.*.samples_ms holds every call")
 
 
 def test_only_a_large_evaluation_or_much_memory_is_given_back_between_phases() -> None:
     """Giving cached GPU memory back and allocating it again takes the driver's host-wide lock (docs/benchmarks.md):
     an ordinary evaluation keeps up to KEEP_CACHED_BYTES per process from phase to phase; above it, or when large,
     both give back."""
-    from drkernel.sandbox.judge import KEEP_CACHED_BYTES, gives_back
+    from drkernel.sandbox.gpu_policy import KEEP_CACHED_BYTES, frees_cached_memory
 
-    assert not gives_back(False, 300 << 20, 100 << 20)
-    assert not gives_back(False, KEEP_CACHED_BYTES, KEEP_CACHED_BYTES)
-    assert gives_back(False, KEEP_CACHED_BYTES + 1, 0) and gives_back(False, 0, KEEP_CACHED_BYTES + 1)
-    assert gives_back(True, 0, 0)
+    assert not frees_cached_memory(False, 300 << 20, 100 << 20)
+    assert not frees_cached_memory(False, KEEP_CACHED_BYTES, KEEP_CACHED_BYTES)
+    assert frees_cached_memory(False, KEEP_CACHED_BYTES + 1, 0) and frees_cached_memory(False, 0, KEEP_CACHED_BYTES + 1)
+    assert frees_cached_memory(True, 0, 0)
 
 
 def test_the_judge_lets_a_trial_s_inputs_go_before_the_subject_s_call(tmp_path, monkeypatch) -> None:
@@ -849,10 +848,13 @@ def test_the_judge_lets_a_trial_s_inputs_go_before_the_subject_s_call(tmp_path, 
     import weakref
 
     from drkernel.sandbox import channel
-    from drkernel.sandbox.guards import Findings
-    from drkernel.sandbox.judge import CorrectnessReport, Judge, Reference, SubjectLink
+    from drkernel.sandbox.correctness_phase import CorrectnessPhase, CorrectnessReport
+    from drkernel.sandbox.gpu_policy import GpuPolicy, MemoryClass
+    from drkernel.sandbox.judge_context import JudgeContext
+    from drkernel.sandbox.reference import Reference, load_reference
     from drkernel.sandbox.subject import MODES
-    from drkernel.schema import Correctness, EvalRequest
+    from drkernel.sandbox.subject_link import SubjectLink
+    from drkernel.schema import Correctness, EvalOptions, EvalRequest
 
     # float64 inputs: the float64 evaluation (`Reference.exact`) is called on them, not on upcast copies
     task = ("import torch\n\nModel = lambda: torch.nn.Linear(16, 8, dtype=torch.float64)\n\n"
@@ -881,18 +883,22 @@ def test_the_judge_lets_a_trial_s_inputs_go_before_the_subject_s_call(tmp_path, 
                 reply = {"outputs": encoder.encode(reference.model(x)), "own": {"kernel": 1}}
             return reply, [bytearray(p) for p in encoder.payloads]
 
-    link = SubjectLink(Subject(), 0, tmp_path, torch.device("cpu"), Findings(), None)  # type: ignore[arg-type]
+    cpu = torch.device("cpu")
+    link = SubjectLink(Subject(), 0, tmp_path, cpu, None)  # type: ignore[arg-type]
     mapped: list[weakref.ref] = []
-    values = link.values
-    monkeypatch.setattr(link, "values", lambda *args: mapped.append(weakref.ref(out := values(*args))) or out)
-    judge = Judge(EvalRequest(task, ""), tmp_path, torch.device("cpu"), None, link)
-    reference = judge.load_reference()
+    map_and_keep = link.map_and_keep
+    monkeypatch.setattr(link, "map_and_keep",
+                        lambda *args: mapped.append(weakref.ref(out := map_and_keep(*args))) or out)
+    ctx = JudgeContext(EvalRequest(task, ""), tmp_path, cpu, link, GpuPolicy(None, cpu, link))
+    phase = CorrectnessPhase(ctx)
+    reference = load_reference(task, EvalOptions(), tmp_path, cpu, with_sizes=False)
     for large in (False, True):
-        judge.large, report = large, CorrectnessReport(Correctness(trials=len(MODES)))
+        ctx.gpu.memory = MemoryClass(large, False)
+        report = CorrectnessReport(correctness=Correctness(trials=len(MODES)))
         alive_in_calls.clear()
         asked_to_forget.clear()
         for trial in range(len(MODES)):  # a trial in each mode, each with the precision's float64 evaluation
-            judge._correctness_trial(reference, trial, True, report, [])
+            phase._trial(reference, trial, True, report, [])
             gc.collect()
             # the candidate's outputs stay mapped until the next ones come (fewer driver calls), but a large
             # evaluation's go at once: beside them the subject would have to put the next trial's

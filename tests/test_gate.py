@@ -16,10 +16,14 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from drkernel.runner.sandbox import DeviceQueue, Sandbox
-from drkernel.sandbox import guards
+from drkernel.runner.supervisor import DeviceQueue, Supervisor
+from drkernel.sandbox.correctness_phase import CorrectnessPhase, CorrectnessReport
 from drkernel.sandbox.gate import DeviceGate
-from drkernel.sandbox.judge import Failure, Judge, memory_class, sizes_on_meta
+from drkernel.sandbox.gpu_policy import GpuPolicy, MemoryClass, memory_class
+from drkernel.sandbox.judge_context import JudgeContext
+from drkernel.sandbox.kernel_checks import Ablation, AblationPhase
+from drkernel.sandbox.reference import sizes_on_meta
+from drkernel.sandbox.verdict import Failure
 from drkernel.schema import Status
 
 from tests.test_scheduler import example
@@ -202,10 +206,12 @@ def test_the_gate_counts_its_waits_and_what_it_held_alone_large_or_paired(tmp_pa
     assert 0.2 <= big.spent["paired"] < 2 and big.spent["large"] < 2
 
 
-def _judge(tmp_path: Path, trials: int = 4) -> Judge:
+def _context(tmp_path: Path, trials: int = 4, gated: bool = True) -> JudgeContext:
+    """A judge's context on the CPU, its GPU's gate one of `_gate`'s (none where not `gated`)."""
     request, _ = example("2_relu", "2_relu__triton", check_hacks=False, correctness_trials=trials)
-    link = SimpleNamespace(findings=guards.Findings())
-    return Judge(request, tmp_path, torch.device("cpu"), _gate(tmp_path, "j"), link)  # type: ignore[arg-type]
+    link = SimpleNamespace()
+    gpu = GpuPolicy(_gate(tmp_path, "j") if gated else None, torch.device("cpu"), link)  # type: ignore[arg-type]
+    return JudgeContext(request, tmp_path, torch.device("cpu"), link, gpu)  # type: ignore[arg-type]
 
 
 def _free_slots(tmp_path: Path) -> int:
@@ -227,10 +233,11 @@ def test_a_large_evaluation_holds_the_gpu_once_for_all_its_trials(tmp_path: Path
     """A large evaluation keeps its hold (and so both processes their memory) from its first correctness trial to
     its last, with no other large evaluation's trial in between, or only a paired one's where it pairs; an ordinary
     one holds the gate trial by trial."""
-    judge = _judge(tmp_path)
-    judge.large, judge.pairs = large, pairs
+    ctx = _context(tmp_path)
+    ctx.gpu.memory = MemoryClass(large, pairs)
+    phase = CorrectnessPhase(ctx)
     holds: list[str] = []
-    gated = judge._gated
+    gated = ctx.gpu._gated
 
     @contextmanager
     def counted(phase, hold):  # type: ignore[no-untyped-def]
@@ -242,9 +249,9 @@ def test_a_large_evaluation_holds_the_gpu_once_for_all_its_trials(tmp_path: Path
         assert _free_slots(tmp_path) == (1 if pairs else 0 if large else 2)
         holds.append("trial")
 
-    monkeypatch.setattr(judge, "_gated", counted)
-    monkeypatch.setattr(judge, "_correctness_trial", trial)
-    judge.check_correctness(None)  # type: ignore[arg-type]
+    monkeypatch.setattr(ctx.gpu, "_gated", counted)
+    monkeypatch.setattr(phase, "_trial", trial)
+    phase.run(None)  # type: ignore[arg-type]
     assert holds == (["hold correctness"] + ["trial"] * 4 if large else ["hold correctness", "trial"] * 4)
 
 
@@ -254,20 +261,22 @@ def test_a_large_evaluations_ablation_pairs_as_its_correctness_does(tmp_path: Pa
     """Ablation holds no more than the correctness phase's account: a large evaluation ablates with one large slot
     where its correctness phase pairs, with every slot where it does not; memory running out beside others' checks
     runs it again alone."""
-    judge = _judge(tmp_path)
-    judge.large, judge.pairs = True, pairs
+    ctx = _context(tmp_path)
+    ctx.gpu.memory = MemoryClass(True, pairs)
+    phase = AblationPhase(ctx)
     timer = _gate(tmp_path, "t")
     seen: list[tuple[int, bool]] = []
 
-    def ablation(reference: object) -> None:
+    def ablation(reference: object) -> Ablation:
         seen.append((_free_slots(tmp_path), not _can_take(timer.shared)))
         if len(seen) == 1:
             raise OUT_OF_MEMORY
+        return Ablation()
 
-    monkeypatch.setattr(judge, "_ablate", ablation)
-    judge.beside_others("ablation", functools.partial(judge.ablate, None))
+    monkeypatch.setattr(phase, "_ablate", ablation)
+    outcome = ctx.gpu.shared_or_alone("ablation", functools.partial(phase.run, None))
     assert seen == [(1 if pairs else 0, False), (2, True)]  # beside ordinary checks; then the GPU alone
-    assert judge.notes == [f"ablation: the GPU's memory ran out beside other evaluations ({OUT_OF_MEMORY.message})"
+    assert outcome.notes == [f"ablation: the GPU's memory ran out beside other evaluations ({OUT_OF_MEMORY.message})"
                            ": run again alone"]
 
 
@@ -281,23 +290,29 @@ def test_memory_running_out_beside_others_is_checked_again_alone(tmp_path: Path,
     """Out of memory in a correctness trial while the GPU was shared may be another evaluation's doing: the phase is
     checked again from its first trial, holding the GPU exclusively (no other evaluation's checks, large or not),
     and that attempt decides; what the first attempt noted is said once."""
-    judge = _judge(tmp_path, trials=3)
-    judge.large = judge.pairs = large
+    ctx = _context(tmp_path, trials=3)
+    ctx.gpu.memory = MemoryClass(large, large)
+    phase = CorrectnessPhase(ctx)
     timer = _gate(tmp_path, "t")
     calls: list[tuple[int, bool]] = []
 
-    def trial(reference: object, index: int, *args: object) -> None:
+    def trial(reference: object, index: int, with_precision: bool, report: CorrectnessReport, *args: object) -> None:
         alone = not _can_take(timer.shared)
         calls.append((index, alone))
-        judge.notes.append(f"noted in trial {index}")
+        report.notes.append(f"noted in trial {index}")
+        report.hack(f"found_in_attempt_{len(calls) > 2 and 2 or 1}", f"trial {index}")
         if calls == [(0, False), (1, False)][: len(calls)] and index == 1:
             raise OUT_OF_MEMORY
 
-    monkeypatch.setattr(judge, "_correctness_trial", trial)
-    judge.check_correctness(None)  # type: ignore[arg-type]
+    monkeypatch.setattr(phase, "_trial", trial)
+    report = phase.run(None)  # type: ignore[arg-type]
     assert calls == [(0, False), (1, False), (0, True), (1, True), (2, True)]
-    assert judge.notes[0].startswith("correctness: the GPU's memory ran out beside other evaluations (CUDA out of")
-    assert judge.notes[1:] == [f"noted in trial {i}" for i in range(3)]
+    assert report.notes[0].startswith("correctness: the GPU's memory ran out beside other evaluations (CUDA out of")
+    assert report.notes[1:] == [f"noted in trial {i}" for i in range(3)]
+    # what the first attempt found stays found, before what the second found
+    assert [(f.code, f.message) for f in report.findings] == [
+        ("found_in_attempt_1", "trial 0"), ("found_in_attempt_1", "trial 1"),
+        *(("found_in_attempt_2", f"trial {i}") for i in range(3))]
 
 
 def _can_take(hold) -> bool:  # type: ignore[no-untyped-def]
@@ -321,33 +336,32 @@ def test_only_memory_running_out_beside_others_is_checked_again(tmp_path: Path, 
                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     """Checked again alone, memory that runs out again is the candidate's: that is the verdict; any other failure is
     the verdict at once."""
-    judge = _judge(tmp_path, trials=2)
+    phase = CorrectnessPhase(_context(tmp_path, trials=2))
     attempts: list[int] = []
 
     def trial(reference: object, index: int, *args: object) -> None:
         attempts.append(index)
         raise failure
 
-    monkeypatch.setattr(judge, "_correctness_trial", trial)
+    monkeypatch.setattr(phase, "_trial", trial)
     with pytest.raises(Failure) as raised:
-        judge.check_correctness(None)  # type: ignore[arg-type]
+        phase.run(None)  # type: ignore[arg-type]
     assert raised.value is failure
     assert attempts == ([0, 0] if failure.kind == "OutOfMemoryError" else [0])
 
 
 def test_without_a_gate_an_evaluation_has_the_gpu_alone_and_is_not_checked_again(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    request, _ = example("2_relu", "2_relu__triton", check_hacks=False, correctness_trials=2)
-    judge = Judge(request, tmp_path, torch.device("cpu"), None, SimpleNamespace(findings=guards.Findings()))
+    phase = CorrectnessPhase(_context(tmp_path, trials=2, gated=False))
     attempts: list[int] = []
 
     def trial(reference: object, index: int, *args: object) -> None:
         attempts.append(index)
         raise OUT_OF_MEMORY
 
-    monkeypatch.setattr(judge, "_correctness_trial", trial)
+    monkeypatch.setattr(phase, "_trial", trial)
     with pytest.raises(Failure):
-        judge.check_correctness(None)  # type: ignore[arg-type]
+        phase.run(None)  # type: ignore[arg-type]
     assert attempts == [0]
 
 
@@ -365,7 +379,7 @@ H100 = 79.19 * GIB
 ])
 def test_which_evaluations_are_large_and_which_pair(inputs: int | None, outputs: int | None, large: bool,
                                                    pairs: bool) -> None:
-    assert memory_class(inputs, outputs, int(H100)) == (large, pairs)
+    assert memory_class(inputs, outputs, int(H100)) == MemoryClass(large, pairs)
 
 
 def test_a_references_sizes_come_from_the_meta_device() -> None:
@@ -385,13 +399,13 @@ def test_evaluation_waits_at_the_gate_without_timing_out(tmp_path: Path) -> None
     """Another evaluation holds the GPU shared (its correctness checks): this one's correctness runs meanwhile,
     its timing waits; then one holds it exclusively (its timing) for longer than this one's whole time limit:
     the wait is not counted against it."""
-    sandbox = Sandbox(device="cpu", root=tmp_path, overlap=2)
+    supervisor = Supervisor(device="cpu", root=tmp_path, overlap=2)
     try:
         request, expected = example("2_relu", "2_relu__triton", timeout_s=4, measure_performance=True,
                                     perf_trials=2, warmup_trials=1)
-        other = DeviceGate(sandbox.gate)
+        other = DeviceGate(supervisor.gate)
         with other.shared():
-            done = DeviceQueue(sandbox).submit(request)
+            done = DeviceQueue(supervisor).submit(request)
             time.sleep(6)  # longer than the time limit: the evaluation's correctness ran, its timing waits
             assert not done.done()
         result = done.result(60)
@@ -401,7 +415,7 @@ def test_evaluation_waits_at_the_gate_without_timing_out(tmp_path: Path) -> None
         assert result.phases_s["gate_wait"] >= result.phases_s["gpu_wait"] - 0.01
         assert 0 < result.phases_s["gate_alone"] < result.duration_s and result.phases_s["gate_large"] == 0
     finally:
-        sandbox.close()
+        supervisor.close()
 
 
 # Appended to a correct candidate: its first forward raises CUDA's out-of-memory error, as another evaluation's memory
@@ -433,11 +447,11 @@ def test_an_evaluation_whose_memory_ran_out_beside_others_is_checked_again_alone
     device = os.environ.get("DRKERNEL_TEST_DEVICE", "cpu")
     request, expected = example("2_relu", "2_relu__triton", device=device, memory_limit_mb=4096)
     request = dataclasses.replace(request, candidate=request.candidate + RUNS_OUT_ONCE)
-    sandbox = Sandbox(device=device, gpu="0" if device == "cuda" else None, root=tmp_path, overlap=overlap)
+    supervisor = Supervisor(device=device, gpu="0" if device == "cuda" else None, root=tmp_path, overlap=overlap)
     try:
-        result = DeviceQueue(sandbox).submit(request).result(120)
+        result = DeviceQueue(supervisor).submit(request).result(120)
     finally:
-        sandbox.close()
+        supervisor.close()
     again = [n for n in result.notes if "ran out beside other evaluations" in n]
     if overlap > 1:
         assert result.status == expected == Status.CORRECT.value, result.error

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from drkernel.sandbox.judge import TIMING_PARTS
+from drkernel.sandbox.timing_phase import TIMING_PARTS
 from drkernel.schema import EvalOptions, EvalRequest
 
 REPO = Path(__file__).resolve().parents[1]

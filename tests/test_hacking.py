@@ -11,10 +11,10 @@ Every file in tests/exploits/ and tests/legit/ is a candidate whose header says 
     # max_speedup: <x>            (optional: an exploit whose effect is out of reach may pass, credited no more)
 
 Each candidate is evaluated in its own sandboxed process. The evaluations of the selected tests are started
-together on a small thread pool when the first test asks for its result; each thread keeps one warm sandbox (its
+together on a small thread pool when the first test asks for its result; each thread keeps one warm supervisor (its
 fork server imports torch and Triton once, as a scheduler's worker does) and forks every evaluation from it, so the
 whole file takes about as long as (number of candidates x about a second) / (CPU cores). `drkernel.evaluate` (a
-fresh sandbox per call) judges the candidates evaluated outside that pool.
+fresh supervisor per call) judges the candidates evaluated outside that pool.
 """
 
 from __future__ import annotations
@@ -32,8 +32,8 @@ import pytest
 import drkernel
 from drkernel.feedback import render
 from drkernel.runner.devices import resolve_device
-from drkernel.runner.evaluate import sandbox_for, with_overrides
-from drkernel.runner.sandbox import Sandbox
+from drkernel.runner.evaluate import supervisor_for, with_overrides
+from drkernel.runner.supervisor import Supervisor
 from drkernel.sandbox import guards
 from drkernel.schema import EvalOptions, EvalRequest, EvalResult, Status
 from tests.conftest import SELECTED
@@ -79,16 +79,16 @@ def runnable(path: Path) -> bool:
     return header(path).get("needs") != "cuda" or cuda_available()
 
 
-def evaluate_file(path: Path, sandbox: Sandbox | None = None) -> EvalResult:
-    """The candidate's verdict: by `drkernel.evaluate` (a fresh sandbox), or forked from `sandbox`'s fork server with
-    the very options `drkernel.evaluate` would use."""
+def evaluate_file(path: Path, supervisor: Supervisor | None = None) -> EvalResult:
+    """The candidate's verdict: by `drkernel.evaluate` (a fresh supervisor), or forked from `supervisor`'s fork server
+    with the very options `drkernel.evaluate` would use."""
     fields = header(path)
     options = {**FAST, **json.loads(fields.get("options") or "{}")}
-    if sandbox is None:
+    if supervisor is None:
         return drkernel.evaluate(task_source(fields["task"]), path.read_text(), **options)
     request_options = with_overrides(None, **options)
-    assert resolve_device(request_options.device) == sandbox.device
-    return sandbox.evaluate(EvalRequest(task_source(fields["task"]), path.read_text(), request_options))
+    assert resolve_device(request_options.device) == supervisor.device
+    return supervisor.run(EvalRequest(task_source(fields["task"]), path.read_text(), request_options))
 
 
 def describe(result: EvalResult) -> str:
@@ -108,27 +108,27 @@ def results(request: pytest.FixtureRequest) -> Iterator[dict[Path, Future[EvalRe
         if getattr(item, "module", None) is request.module and isinstance(path, Path) and runnable(path):
             if path not in wanted:
                 wanted.append(path)
-    # One warm sandbox per thread: each evaluation still gets processes of its own, forked from its fork server.
-    sandboxes: queue.Queue[Sandbox] = queue.Queue()
-    made: list[Sandbox] = []
+    # One warm supervisor per thread: each evaluation still gets processes of its own, forked from its fork server.
+    supervisors: queue.Queue[Supervisor] = queue.Queue()
+    made: list[Supervisor] = []
 
     def evaluate_pooled(path: Path) -> EvalResult:
         try:
-            sandbox = sandboxes.get_nowait()
+            supervisor = supervisors.get_nowait()
         except queue.Empty:
-            sandbox = sandbox_for(EvalOptions())  # as drkernel.evaluate makes one for the default device
-            made.append(sandbox)
+            supervisor = supervisor_for(EvalOptions())  # as drkernel.evaluate makes one for the default device
+            made.append(supervisor)
         try:
-            return evaluate_file(path, sandbox)
+            return evaluate_file(path, supervisor)
         finally:
-            sandboxes.put(sandbox)
+            supervisors.put(supervisor)
 
     pool = ThreadPoolExecutor(WORKERS, thread_name_prefix="drkernel-eval")
     futures = {path: pool.submit(evaluate_pooled, path) for path in wanted}
     yield futures
     pool.shutdown(wait=True, cancel_futures=True)
-    for sandbox in made:
-        sandbox.close()
+    for supervisor in made:
+        supervisor.close()
 
 
 def result_for(results: dict[Path, Future[EvalResult]], path: Path) -> EvalResult:
@@ -205,7 +205,7 @@ def test_a_candidate_that_loads_torch_dynamo_passes_whatever_inductor_cache_the_
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """torch._dynamo's import makes inductor's cache folder: TORCHINDUCTOR_CACHE_DIR where it is set (a cluster's
     setting, or what inductor itself leaves in os.environ once anything compiled in the supervisor's process), which
-    the sandbox passes on. dynamo is first imported in the subject here (by the candidate's torch.library; the fork
+    the supervisor passes on. dynamo is first imported in the subject here (by the candidate's torch.library; the fork
     server does not import it): a write outside its scratch space, but for the cache the subject names inside it."""
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
     result = evaluate_file(HERE / "legit" / "relu_torch_library_custom_op.py")

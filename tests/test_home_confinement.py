@@ -18,7 +18,7 @@ from typing import Iterator
 
 import pytest
 
-from drkernel.runner.sandbox import Sandbox
+from drkernel.runner.supervisor import Supervisor
 from drkernel.schema import EvalOptions, EvalRequest
 
 REPO = Path(__file__).resolve().parents[1]
@@ -115,10 +115,10 @@ def test_a_candidate_reaches_nothing_of_the_user(home: Path) -> None:
     listener = Listener()
     sibling = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"],
                                env={**os.environ, "SIBLING_SECRET": SECRET})
-    box = Sandbox(device=DEVICE, gpu="0" if DEVICE == "cuda" else None)
+    box = Supervisor(device=DEVICE, gpu="0" if DEVICE == "cuda" else None)
     try:
         source = HUNTER.format(files=SECRET_FILES, home=str(home), sibling=sibling.pid, port=listener.port)
-        result = box.evaluate(EvalRequest(REFERENCE, source, options()))
+        result = box.run(EvalRequest(REFERENCE, source, options()))
     finally:
         box.close()
         listener.close()
@@ -135,9 +135,9 @@ def test_a_candidate_reaches_nothing_of_the_user(home: Path) -> None:
 
 
 def test_a_legitimate_kernel_is_correct_for_this_user() -> None:
-    box = Sandbox(device=DEVICE, gpu="0" if DEVICE == "cuda" else None)
+    box = Supervisor(device=DEVICE, gpu="0" if DEVICE == "cuda" else None)
     try:
-        result = box.evaluate(EvalRequest(REFERENCE, GOOD, options()))
+        result = box.run(EvalRequest(REFERENCE, GOOD, options()))
     finally:
         box.close()
     assert result.status == "correct", result.to_json(indent=1)

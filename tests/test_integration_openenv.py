@@ -13,7 +13,7 @@ uvicorn = pytest.importorskip("uvicorn")
 httpx = pytest.importorskip("httpx")
 
 from drkernel.agent.backends import Completion  # noqa: E402
-from drkernel.agent.evaluate import BackendEvaluator  # noqa: E402
+from drkernel.scheduling.evaluator import BackendEvaluator  # noqa: E402
 from drkernel.agent.loop import LoopConfig, run_loop  # noqa: E402
 from drkernel.agent.replay import fenced  # noqa: E402
 from drkernel.agent.parsing import extract_code  # noqa: E402

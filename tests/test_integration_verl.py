@@ -216,7 +216,7 @@ def _run_episode(tokenizer, server, evaluator, task="2_relu", **settings) -> Age
 
 @pytest.mark.slow
 def test_agent_loop_episode_matches_the_judged_answers(tokenizer, tasks):
-    from drkernel.agent.evaluate import BackendEvaluator
+    from drkernel.scheduling.evaluator import BackendEvaluator
     from drkernel.scheduling.scheduler import Scheduler
     from drkernel.schema import EvalOptions
 

@@ -13,9 +13,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from drkernel.runner import sandbox as sandbox_module
-from drkernel.runner.sandbox import Sandbox
-from drkernel.sandbox.judge import SharedCopies, precision_budget
+from drkernel.runner import supervisor as supervisor_module
+from drkernel.runner.supervisor import Supervisor
+from drkernel.sandbox.gpu_policy import precision_budget
+from drkernel.sandbox.subject_link import SharedCopies
 from drkernel.schema import EvalOptions, EvalRequest
 
 REPO = Path(__file__).resolve().parents[1]
@@ -58,23 +59,23 @@ CASES = {
 
 
 @pytest.fixture(scope="module")
-def sandbox():
-    box = Sandbox(device=DEVICE, gpu="0" if DEVICE == "cuda" else None)
+def supervisor():
+    box = Supervisor(device=DEVICE, gpu="0" if DEVICE == "cuda" else None)
     yield box
     box.close()
 
 
 def options(**kw) -> EvalOptions:
-    # On a GPU the evaluation's own processes hold about 1.4 GB (drkernel.runner.sandbox.GPU_MEMORY_FLOOR_MB).
+    # On a GPU the evaluation's own processes hold about 1.4 GB (drkernel.runner.supervisor.GPU_MEMORY_FLOOR_MB).
     memory = 1024 if DEVICE == "cpu" else 4096
     return EvalOptions(timeout_s=TIMEOUT_S, memory_limit_mb=memory, perf_trials=3, warmup_trials=1, **kw)
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
-def test_hostile_candidate_gets_its_verdict(sandbox: Sandbox, name: str) -> None:
+def test_hostile_candidate_gets_its_verdict(supervisor: Supervisor, name: str) -> None:
     source, status, kind = CASES[name]
     start = time.monotonic()
-    result = sandbox.evaluate(EvalRequest(REFERENCE, source, options()))
+    result = supervisor.run(EvalRequest(REFERENCE, source, options()))
     elapsed = time.monotonic() - start
     assert result.status == status, result.to_json(indent=1)
     assert result.error is not None and result.error.kind == kind
@@ -83,17 +84,17 @@ def test_hostile_candidate_gets_its_verdict(sandbox: Sandbox, name: str) -> None
     assert elapsed < TIMEOUT_S + SLACK_S
 
 
-def test_a_crash_in_a_call_names_what_the_reference_returns(sandbox: Sandbox) -> None:
+def test_a_crash_in_a_call_names_what_the_reference_returns(supervisor: Supervisor) -> None:
     """The usual crash is a store past an output allocated too small: the message gives the size to allocate."""
-    result = sandbox.evaluate(EvalRequest(REFERENCE, CASES["segfault"][0], options()))
+    result = supervisor.run(EvalRequest(REFERENCE, CASES["segfault"][0], options()))
     assert (result.status, result.error.kind) == ("crashed", "Signal"), result.to_json(indent=1)
     assert re.search(r"killed by SIGSEGV .*; for these inputs the reference returns a float32 tensor of shape "
                      r"\(\d+,\)$", result.error.message), result.error.message
 
 
-def test_next_evaluation_is_unaffected(sandbox: Sandbox) -> None:
-    """After every kind of abuse above (same sandbox, same fork server), a correct kernel still passes."""
-    result = sandbox.evaluate(EvalRequest(REFERENCE, GOOD, options()))
+def test_next_evaluation_is_unaffected(supervisor: Supervisor) -> None:
+    """After every kind of abuse above (same supervisor, same fork server), a correct kernel still passes."""
+    result = supervisor.run(EvalRequest(REFERENCE, GOOD, options()))
     assert result.status == "correct", result.to_json(indent=1)
     assert result.correct and result.speedup is not None and result.speedup > 0
     assert result.timing is not None and result.timing.candidate is not None
@@ -107,7 +108,7 @@ def test_next_evaluation_is_unaffected(sandbox: Sandbox) -> None:
         assert result.profile is not None and result.profile.meaningful and result.profile.coverage > 0.5
 
 
-def test_candidate_sees_no_secrets_no_network_and_a_private_directory(sandbox: Sandbox, monkeypatch) -> None:
+def test_candidate_sees_no_secrets_no_network_and_a_private_directory(supervisor: Supervisor, monkeypatch) -> None:
     probe = BODY.format(body="""
         import socket, tempfile
         leaked = [k for k in os.environ if 'SECRET' in k or 'TOKEN' in k]
@@ -123,9 +124,9 @@ def test_candidate_sees_no_secrets_no_network_and_a_private_directory(sandbox: S
     monkeypatch.setenv("DRKERNEL_TEST_SECRET", "hunter2")
     monkeypatch.setenv("HF_TOKEN", "hf_abc")
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "/tmp/drkernel-test-shared-inductor")  # passed on, but not used
-    box = Sandbox(device=DEVICE, gpu="0" if DEVICE == "cuda" else None)  # a new fork server started with the secrets in the supervisor's environment
+    box = Supervisor(device=DEVICE, gpu="0" if DEVICE == "cuda" else None)  # a new fork server started with the secrets in the supervisor's environment
     try:
-        result = box.evaluate(EvalRequest(REFERENCE, probe, options()))
+        result = box.run(EvalRequest(REFERENCE, probe, options()))
     finally:
         box.close()
     assert result.error is not None, result.to_json(indent=1)
@@ -150,9 +151,9 @@ def test_the_fork_servers_bytecode_is_its_own(tmp_path: Path) -> None:
         raise RuntimeError(' '.join([str(sys.pycache_prefix), str(sys.dont_write_bytecode),
                                      os.environ.get('PYTHONPYCACHEPREFIX', '-'),
                                      os.environ.get('PYTHONDONTWRITEBYTECODE', '-'), outcome]))""")
-    box = Sandbox(device=DEVICE, gpu="0" if DEVICE == "cuda" else None, bytecode_cache=cache)
+    box = Supervisor(device=DEVICE, gpu="0" if DEVICE == "cuda" else None, bytecode_cache=cache)
     try:
-        result = box.evaluate(EvalRequest(REFERENCE, probe, options()))
+        result = box.run(EvalRequest(REFERENCE, probe, options()))
     finally:
         box.close()
     assert result.error is not None, result.to_json(indent=1)
@@ -163,7 +164,7 @@ def test_the_fork_servers_bytecode_is_its_own(tmp_path: Path) -> None:
     assert any(p.name.startswith("zygote.") for p in compiled)
     assert not any(p.name.startswith(("tabnanny.", "planted")) for p in compiled)
     stamps = {p: p.stat().st_mtime_ns for p in cache.rglob("*.pyc")}
-    again = Sandbox(device=DEVICE, gpu="0" if DEVICE == "cuda" else None, bytecode_cache=cache)
+    again = Supervisor(device=DEVICE, gpu="0" if DEVICE == "cuda" else None, bytecode_cache=cache)
     try:
         again.server.ensure_running()
     finally:
@@ -171,7 +172,7 @@ def test_the_fork_servers_bytecode_is_its_own(tmp_path: Path) -> None:
     assert {p: p.stat().st_mtime_ns for p in cache.rglob("*.pyc")} == stamps  # every import read, none compiled
 
 
-def test_an_evaluation_collects_garbage_though_its_fork_server_imported_without(sandbox) -> None:
+def test_an_evaluation_collects_garbage_though_its_fork_server_imported_without(supervisor) -> None:
     """The fork server imports with the cyclic collector off (its passes took a sixth of the imports' time on an H100's
     host) and freezes what it made; the evaluation collects the candidate's cyclic garbage between requests, on the
     candidate's own thread (drkernel.sandbox.relay: a finalizer never runs on the thread that holds the channel)."""
@@ -187,11 +188,11 @@ def test_an_evaluation_collects_garbage_though_its_fork_server_imported_without(
             del made
         else:
             raise RuntimeError(f"{self.cycle() is None} {gc.isenabled()} {gc.get_freeze_count() > 100_000}")""")
-    result = sandbox.evaluate(EvalRequest(REFERENCE, probe, options()))
+    result = supervisor.run(EvalRequest(REFERENCE, probe, options()))
     assert result.error is not None and result.error.message == "True False True", result.to_json(indent=1)
 
 
-def test_no_evaluation_imports_torch_dynamo(sandbox) -> None:
+def test_no_evaluation_imports_torch_dynamo(supervisor) -> None:
     """torch._dynamo (with inductor's configuration, a quarter of the fork server's imports on an H100's host) is
     imported by neither the fork server nor the evaluation's own steps: a correct candidate that fails once it is
     loaded passes every call (on a GPU the profiled ones too, where `torch.profiler` would import it). The judge's
@@ -214,7 +215,7 @@ def _probed(self, *args):
 
 ModelNew.forward = _probed
 """
-    result = sandbox.evaluate(EvalRequest(REFERENCE, probe, options()))
+    result = supervisor.run(EvalRequest(REFERENCE, probe, options()))
     assert result.status == "correct", result.to_json(indent=1)
     assert result.profile is not None or DEVICE == "cpu"
 
@@ -226,19 +227,19 @@ def test_the_judges_estimate_of_a_tasks_memory_imports_no_torch_dynamo_and_is_as
     script = """
 import json, sys
 import drkernel.sandbox.zygote
-from drkernel.sandbox import judge
+from drkernel.sandbox import reference, startup
 from drkernel.tasks import synthetic
-judge.find_dynamo_disabled()
+startup.find_dynamo_disabled()
 if sys.argv[1] == "direct":
-    judge.call_dynamo_disabled_directly()
+    startup.call_dynamo_disabled_directly()
 else:
     import torch._dynamo
 sizes = []
 for task in synthetic.generate_tasks("test", 6):
     module = type(sys)("reference")
     exec(task.code, module.__dict__)
-    sizes.append(judge.sizes_on_meta(module))
-print(json.dumps([len(judge._DYNAMO_DISABLED), "torch._dynamo" in sys.modules, sizes]))
+    sizes.append(reference.sizes_on_meta(module))
+print(json.dumps([len(startup._DYNAMO_DISABLED), "torch._dynamo" in sys.modules, sizes]))
 """
     runs = {}
     for mode in ("direct", "dynamo"):
@@ -255,8 +256,8 @@ print(json.dumps([len(judge._DYNAMO_DISABLED), "torch._dynamo" in sys.modules, s
 def test_the_judges_warm_up_and_the_profile_import_no_torch_dynamo() -> None:
     script = """
 import sys, torch
-from drkernel.sandbox import judge, profiling
-judge.warm_up(torch.device("cuda"))
+from drkernel.sandbox import profiling, startup
+startup.warm_up(torch.device("cuda"))
 profiling.profile_cuda([lambda: torch.ones(8, device="cuda").add_(1)], set())
 print("torch._dynamo" in sys.modules)
 """
@@ -269,25 +270,25 @@ def test_the_fork_server_keeps_bytecode_only_where_the_installation_has_none(tmp
     package.mkdir(parents=True)
     (package / "__init__.py").write_text("")
     monkeypatch.syspath_prepend(str(tmp_path / "site"))
-    assert not sandbox_module.installation_has_bytecode("compiled_here")
+    assert not supervisor_module.installation_has_bytecode("compiled_here")
     compiled = package / "__pycache__" / f"__init__.{sys.implementation.cache_tag}.pyc"
     compiled.parent.mkdir()
     compiled.write_bytes(b"")
-    assert sandbox_module.installation_has_bytecode("compiled_here")
-    assert sandbox_module.installation_has_bytecode("no_such_package_anywhere")  # nothing to compile
+    assert supervisor_module.installation_has_bytecode("compiled_here")
+    assert supervisor_module.installation_has_bytecode("no_such_package_anywhere")  # nothing to compile
 
     monkeypatch.delenv("DRKERNEL_BYTECODE_CACHE", raising=False)
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     for has_bytecode, expected in ((True, None), (False, tmp_path / "home" / ".cache" / "drkernel" / "bytecode")):
-        monkeypatch.setattr(sandbox_module, "installation_has_bytecode", lambda package, has=has_bytecode: has)
-        assert sandbox_module.fork_server_bytecode() == expected
+        monkeypatch.setattr(supervisor_module, "installation_has_bytecode", lambda package, has=has_bytecode: has)
+        assert supervisor_module.fork_server_bytecode() == expected
     assert expected.is_dir() and expected.stat().st_mode & 0o777 == 0o700
-    monkeypatch.setattr(sandbox_module, "installation_has_bytecode", lambda package: True)
-    assert sandbox_module.fork_server_bytecode(tmp_path / "chosen") == tmp_path / "chosen"  # asked for: always
+    monkeypatch.setattr(supervisor_module, "installation_has_bytecode", lambda package: True)
+    assert supervisor_module.fork_server_bytecode(tmp_path / "chosen") == tmp_path / "chosen"  # asked for: always
     monkeypatch.setenv("DRKERNEL_BYTECODE_CACHE", str(tmp_path / "from_env"))
-    assert sandbox_module.fork_server_bytecode() == tmp_path / "from_env"
+    assert supervisor_module.fork_server_bytecode() == tmp_path / "from_env"
     (tmp_path / "a_file").write_text("")
-    assert sandbox_module.fork_server_bytecode(tmp_path / "a_file" / "bytecode") is None  # cannot be made: as before
+    assert supervisor_module.fork_server_bytecode(tmp_path / "a_file" / "bytecode") is None  # cannot be made: as before
 
 
 def test_cli_json_gives_one_object_and_survives(tmp_path: Path) -> None:
@@ -325,18 +326,18 @@ def test_the_memory_watch_scans_proc_once_per_interval_for_all_evaluations(monke
                               start_new_session=True)
     try:
         assert holder.stdout is not None and holder.stdout.readline().strip() == "ready"
-        memory = sandbox_module.GroupMemory()
+        memory = supervisor_module.GroupMemory()
         assert memory.rss(holder.pid) > 190 << 20
         assert memory.rss(os.getpgrp()) > 0 and memory.rss(2 ** 22 + 7) == 0  # ours; a group that cannot exist
 
         scans = []
-        real = sandbox_module.procfs.processes
-        monkeypatch.setattr(sandbox_module.procfs, "processes", lambda: scans.append(1) or real())
-        memory = sandbox_module.GroupMemory()
+        real = supervisor_module.procfs.processes
+        monkeypatch.setattr(supervisor_module.procfs, "processes", lambda: scans.append(1) or real())
+        memory = supervisor_module.GroupMemory()
         for _ in range(100):  # three evaluations' watches, many times within one interval
             memory.rss(holder.pid), memory.rss(os.getpgrp()), memory.rss(1)
         assert len(scans) == 1
-        time.sleep(sandbox_module.MEMORY_CHECK_S)
+        time.sleep(supervisor_module.MEMORY_CHECK_S)
         assert memory.rss(holder.pid) > 190 << 20 and len(scans) == 2
     finally:
         holder.kill()
@@ -373,7 +374,7 @@ def test_what_the_judge_shares_lies_alone_in_its_allocations() -> None:
 
 
 @pytest.mark.skipif(DEVICE != "cuda", reason="the GPU's caching allocator")
-def test_a_large_evaluations_checks_hold_few_copies_of_its_inputs(sandbox: Sandbox) -> None:
+def test_a_large_evaluations_checks_hold_few_copies_of_its_inputs(supervisor: Supervisor) -> None:
     """Two large evaluations check at once only if each phase's memory is a small multiple of its inputs. In the
     correctness phase the judge needs the inputs, the reference's outputs and the copy it shares (3 copies of a ReLU's
     input) and its float64 slice's allowance; the subject its own copy and the outputs (2). Two more segments were
@@ -388,7 +389,7 @@ def test_a_large_evaluations_checks_hold_few_copies_of_its_inputs(sandbox: Sandb
     task = (REPO / "examples" / "tasks" / "2_relu.py").read_text().replace(
         "batch_size = 16\ndim = 300", f"batch_size = {rows}\ndim = {elements // rows}")
     good = (REPO / "examples" / "candidates" / "2_relu__triton.py").read_text()
-    result = sandbox.evaluate(EvalRequest(task, good, EvalOptions(timeout_s=120, perf_trials=3, warmup_trials=1)))
+    result = supervisor.run(EvalRequest(task, good, EvalOptions(timeout_s=120, perf_trials=3, warmup_trials=1)))
     assert result.correct, result.to_json(indent=1)
     inputs_gib = rows * (elements // rows) * 4 / 2**30
     float64_gib = precision_budget(total, large=True) / 2**30

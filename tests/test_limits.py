@@ -26,9 +26,9 @@ from pathlib import Path
 address_space, files = int(sys.argv[1]), int(sys.argv[2])
 resource.setrlimit(resource.RLIMIT_AS, (address_space, address_space))
 resource.setrlimit(resource.RLIMIT_NOFILE, (files, files))
-from drkernel.runner.sandbox import Sandbox
+from drkernel.runner.supervisor import Supervisor
 from drkernel.schema import EvalOptions, EvalRequest
-box = Sandbox(device=sys.argv[3], gpu="0" if sys.argv[3] == "cuda" else None)
+box = Supervisor(device=sys.argv[3], gpu="0" if sys.argv[3] == "cuda" else None)
 verdicts = {}
 for path in sys.argv[4:]:
     source = Path(path).read_text()
@@ -36,7 +36,7 @@ for path in sys.argv[4:]:
     task = named[0] if named else Path(path).name.split("__")[0] if "__" in path else "1_vector_add"
     reference = Path("examples/tasks", task + ".py").read_text()
     options = EvalOptions(device=sys.argv[3], timeout_s=30, perf_trials=3, warmup_trials=1)  # 16 GiB memory asked
-    result = box.evaluate(EvalRequest(reference, source, options))
+    result = box.run(EvalRequest(reference, source, options))
     verdicts[path] = [result.status, result.error and result.error.kind, result.error and result.error.message]
 box.close()
 print(json.dumps(verdicts))
@@ -89,27 +89,27 @@ def test_a_host_memory_limit_below_the_gpu_floor_is_invalid_and_named() -> None:
     """On a GPU an evaluation's own two processes hold about 1.4 GB resident (1.36-1.43 GB on an H100): a
     `memory_limit_mb` of 1024 made the watchdog end every evaluation as `crashed` / MemoryLimit before its candidate
     ran. Below the floor the request is refused before anything is forked, naming the limit to raise."""
-    from drkernel.runner.sandbox import GPU_MEMORY_FLOOR_MB, memory_floor_failure
+    from drkernel.runner.supervisor import GPU_MEMORY_FLOOR_MB, memory_floor_refusal
 
-    refused = memory_floor_failure("cuda", 1024, 65536)
+    refused = memory_floor_refusal("cuda", 1024, 65536)
     assert refused is not None and (refused.status, refused.error.kind) == ("invalid", "LimitTooLow")
     assert refused.error.message.startswith(f"memory_limit_mb=1024 is below the {GPU_MEMORY_FLOOR_MB} MB")
-    capped = memory_floor_failure("cuda", 16384, 1500)
+    capped = memory_floor_refusal("cuda", 16384, 1500)
     assert capped is not None and capped.error.message.startswith("the sandbox's memory cap of 1500 MB is below")
-    assert memory_floor_failure("cuda", GPU_MEMORY_FLOOR_MB, 65536) is None
-    assert memory_floor_failure("cpu", 1024, 65536) is None  # the CPU's floor is the address-space limit's
+    assert memory_floor_refusal("cuda", GPU_MEMORY_FLOOR_MB, 65536) is None
+    assert memory_floor_refusal("cpu", 1024, 65536) is None  # the CPU's floor is the address-space limit's
 
 
 @pytest.mark.skipif(DEVICE != "cuda", reason="needs a GPU")
 def test_a_gpu_evaluation_under_1024_mb_of_host_memory_is_invalid_not_crashed() -> None:
-    from drkernel.runner.sandbox import Sandbox
+    from drkernel.runner.supervisor import Supervisor
     from drkernel.schema import EvalOptions, EvalRequest
 
-    box = Sandbox(device="cuda", gpu="0")
+    box = Supervisor(device="cuda", gpu="0")
     try:
         reference = (REPO / "examples" / "tasks" / "1_vector_add.py").read_text()
         good = (REPO / "examples" / "candidates" / "1_vector_add__triton.py").read_text()
-        result = box.evaluate(EvalRequest(reference, good, EvalOptions(timeout_s=60, memory_limit_mb=1024)))
+        result = box.run(EvalRequest(reference, good, EvalOptions(timeout_s=60, memory_limit_mb=1024)))
     finally:
         box.close()
     assert (result.status, result.error.kind) == ("invalid", "LimitTooLow"), result.to_json(indent=1)

@@ -112,17 +112,15 @@ def test_a_batch_slice_stands_for_the_whole_only_where_rows_are_separate() -> No
     assert not correctness.same_rows(cut[0] - cut[0].mean(0), x - x.mean(0), rows, 64)  # a norm over the batch
     assert not correctness.same_rows(cut[0][:, :4], x, rows, 64)  # another shape
 
-    from drkernel.sandbox.guards import Findings
-    from drkernel.sandbox.judge import Exact
+    from drkernel.sandbox.correctness_phase import Exact
 
     ref_out = torch.relu(x)
     half = ref_out.clone()
     half[rows] = half[rows].half().float()  # a downcast in the sliced rows
     exact = Exact(torch.relu(cut[0].double()), rows)
     for cand, downcast in ((ref_out.clone(), False), (half, True)):
-        findings = Findings()
-        precision = exact.judge(ref_out, cand, EvalOptions(), findings)
-        assert precision is not None and ("precision_downcast" in findings.details) is downcast, precision
+        precision, finding = exact.judge(ref_out, cand, EvalOptions())
+        assert precision is not None and (finding is not None and finding.code == "precision_downcast") is downcast
 
 
 def test_a_large_evaluation_measures_precision_within_a_smaller_share_of_the_gpu(tmp_path, monkeypatch) -> None:
@@ -130,8 +128,12 @@ def test_a_large_evaluation_measures_precision_within_a_smaller_share_of_the_gpu
     sixty-fourth of the GPU (a slice of the batch beyond it), where an ordinary one keeps a quarter."""
     from types import SimpleNamespace
 
-    from drkernel.sandbox.guards import Findings
-    from drkernel.sandbox.judge import LARGE_PRECISION_SHARE, SHARE_OF_MEMORY, Judge, Reference, precision_budget
+    from drkernel.sandbox.correctness_phase import CorrectnessPhase
+    from drkernel.sandbox.gpu_policy import (
+        LARGE_PRECISION_SHARE, SHARE_OF_MEMORY, GpuPolicy, MemoryClass, precision_budget,
+    )
+    from drkernel.sandbox.judge_context import JudgeContext
+    from drkernel.sandbox.reference import Reference
 
     h100 = int(79.2 * 2**30)  # an H100's total_memory, about
     assert precision_budget(h100, large=False) == SHARE_OF_MEMORY * h100 == 0.25 * h100  # unchanged
@@ -144,10 +146,13 @@ def test_a_large_evaluation_measures_precision_within_a_smaller_share_of_the_gpu
     gpu = SimpleNamespace(total_memory=4 * needed)  # a quarter of it fits the whole, a sixty-fourth does not
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device=None: gpu)
     for large, rows in ((False, None), (True, 4)):
-        judge = Judge(None, tmp_path, torch.device("cuda"), None, SimpleNamespace(findings=Findings()))
-        judge.large = large
+        policy = GpuPolicy(None, torch.device("cuda"), SimpleNamespace())  # type: ignore[arg-type]
+        policy.memory = MemoryClass(large, False)
+        context = JudgeContext(None, tmp_path, torch.device("cuda"), None, policy)  # type: ignore[arg-type]
+        phase = CorrectnessPhase(context)
         reference = Reference(model, model, lambda: [x], [], torch.device("cpu"))
-        exact = judge._precision(reference, [x], model(x), False, torch.no_grad)
+        notes: list[str] = []
+        exact = phase._precision(reference, [x], model(x), False, torch.no_grad, notes)
         assert exact is not None and (None if exact.rows is None else exact.rows.stop - exact.rows.start) == rows
-        assert bool(judge.notes) is large
-        assert all(note.startswith("precision: measured on rows") for note in judge.notes)
+        assert bool(notes) is large
+        assert all(note.startswith("precision: measured on rows") for note in notes)

@@ -44,7 +44,7 @@ def test_each_cuda_actor_owns_one_gpu() -> None:
     finally:
         backend.close()
     assert backend.device == "cuda"
-    assert sorted(w["gpu"] for w in workers) == ["0", "1"]  # Ray's CUDA_VISIBLE_DEVICES, handed to the sandbox
+    assert sorted(w["gpu"] for w in workers) == ["0", "1"]  # Ray's CUDA_VISIBLE_DEVICES, handed to the supervisor
     assert {w["device"] for w in workers} == {"cuda"}
 
 

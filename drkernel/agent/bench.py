@@ -17,7 +17,7 @@ from typing import Any
 
 from drkernel.agent.backends import ChatModel, HFChatModel, OpenAIChatConfig, OpenAIChatModel
 from drkernel.agent.config import FIXED_ON_RESUME, HF_PREFIX, BenchConfig, flat_settings
-from drkernel.agent.evaluate import open_evaluator
+from drkernel.scheduling.evaluator import open_evaluator
 from drkernel.agent.loop import LoopOutcome, run_loop
 from drkernel.agent.records import (
     CONFIG,
@@ -32,7 +32,7 @@ from drkernel.agent.records import (
 from drkernel.agent.summary import completeness, summarize
 from drkernel.errors import UsageError
 from drkernel.runner.devices import discover_gpus
-from drkernel.runner.sandbox import gpu_gate_path
+from drkernel.runner.supervisor import gpu_gate_path
 from drkernel.sandbox.gate import DeviceGate
 from drkernel.settings import flatten, nest
 from drkernel.tasks import Task, TaskLoadError, load_tasks, select_tasks

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from drkernel.agent.backends import ChatModel, FatalGenerationError, GenerationError, SamplingParams
 from drkernel.agent.context import ContextPolicy, ShownTurn, build_messages
-from drkernel.agent.evaluate import Evaluator
+from drkernel.scheduling.evaluator import Evaluator
 from drkernel.agent.parsing import extract_code
 from drkernel.agent.prompts import PromptTemplates, feedback_prompt, first_turn_prompt
 from drkernel.agent.records import (

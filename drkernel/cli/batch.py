@@ -15,7 +15,7 @@ from rich.table import Table
 
 from drkernel.cli.common import INTERPRETER_NOTE
 from drkernel.errors import UsageError
-from drkernel.agent.evaluate import open_evaluator
+from drkernel.scheduling.evaluator import open_evaluator
 from drkernel.scheduling.engine import EngineConfig
 from drkernel.schema import EvalOptions, EvalResult
 from drkernel.tasks import Task, load_candidates, load_tasks, pair_candidates, select_tasks

@@ -37,7 +37,7 @@ from openenv.core.env_server.types import Action, Observation, State
 from pydantic import Field
 
 from drkernel.agent.context import ContextPolicy, ShownTurn, build_messages
-from drkernel.agent.evaluate import Evaluator
+from drkernel.scheduling.evaluator import Evaluator
 from drkernel.agent.loop import judge_answer
 from drkernel.agent.prompts import PromptTemplates, first_turn_prompt
 from drkernel.errors import UsageError

@@ -55,7 +55,7 @@ from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopMetr
 from verl.trainer.ppo.core_algos import register_adv_est
 
 from drkernel.agent.context import ContextPolicy, ShownTurn, build_messages
-from drkernel.agent.evaluate import Evaluator, open_evaluator
+from drkernel.scheduling.evaluator import Evaluator, open_evaluator
 from drkernel.agent.loop import JudgedAnswer, judge_answer
 from drkernel.agent.prompts import PromptTemplates, first_turn_prompt
 from drkernel.rl import RewardConfig, measured_coverage, prs_keep_mask

@@ -347,7 +347,7 @@ def _span(run: str, steps: list[dict[str, Any]]) -> StepSpan:
                     {kind: mean(lambda s, kind=kind: s["turn_kind_shares"][0][kind]) for kind in SPAN_KINDS})
 
 
-# the phases the report shows, in the order an evaluation runs them (drkernel.sandbox.judge.evaluate; the sandbox's
+# the phases the report shows, in the order an evaluation runs them (drkernel.sandbox.judge.judge_request; the sandbox's
 # start latency and the GPU's gate waits beside), then the agent's side
 PHASES = ("duration", "start_latency", "reference", "load", "correctness", "gpu_wait", "timing", "profile",
           "ablation", "gate_wait", "evaluation", "generation")

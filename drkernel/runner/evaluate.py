@@ -1,11 +1,11 @@
-"""One-call evaluation from Python: `drkernel.evaluate(reference_src, candidate_src)`."""
+"""Evaluation from Python in one line: `drkernel.evaluate(reference_src, candidate_src)`."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from drkernel.runner.devices import discover_gpus, resolve_device
-from drkernel.runner.sandbox import Sandbox
+from drkernel.runner.supervisor import Supervisor
 from drkernel.schema import EvalOptions, EvalRequest, EvalResult
 
 
@@ -15,11 +15,11 @@ def evaluate(reference: str, candidate: str, options: EvalOptions | None = None,
     For many evaluations use `drkernel.scheduling.scheduler.Scheduler`, which keeps workers warm.
     """
     options = with_overrides(options, **overrides)
-    sandbox = sandbox_for(options)
+    supervisor = supervisor_for(options)
     try:
-        return sandbox.evaluate(EvalRequest(reference, candidate, options))
+        return supervisor.run(EvalRequest(reference, candidate, options))
     finally:
-        sandbox.close()
+        supervisor.close()
 
 
 def with_overrides(options: EvalOptions | None, **overrides: Any) -> EvalOptions:
@@ -27,7 +27,8 @@ def with_overrides(options: EvalOptions | None, **overrides: Any) -> EvalOptions
     return EvalOptions.from_dict({**(options or EvalOptions()).to_dict(), **overrides})
 
 
-def sandbox_for(options: EvalOptions) -> Sandbox:
-    """A sandbox on the device the options ask for (on a GPU machine, the first GPU); the caller closes it."""
+def supervisor_for(options: EvalOptions) -> Supervisor:
+    """A supervisor of evaluations on the device the options ask for (on a GPU machine, the first GPU); the caller
+    closes it."""
     device = resolve_device(options.device)
-    return Sandbox(device=device, gpu=discover_gpus()[0] if device == "cuda" else None)
+    return Supervisor(device=device, gpu=discover_gpus()[0] if device == "cuda" else None)

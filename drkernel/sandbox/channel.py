@@ -66,7 +66,7 @@ _dumps, _loads = _json_codec()
 
 
 class Channel:
-    """One end of a stream socket carrying (header, payloads) messages."""
+    """One end of a stream socket over which (header, payloads) messages go."""
 
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock

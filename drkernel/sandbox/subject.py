@@ -44,8 +44,8 @@ MAPPING_FAILED = "mapping of buffer object failed"
 
 
 # A timed call's outputs up to this size are copied into buffers the judge maps once per timing phase
-# (drkernel.sandbox.judge.TimedCalls); larger ones (a copy would cost memory the largest problems lack) are shared
-# call by call, where mapping costs little beside the call itself.
+# (drkernel.sandbox.subject_link.TimedCalls); larger ones (a copy would cost memory the largest problems lack) are
+# shared call by call, where mapping costs little beside the call itself.
 STAGED_BYTES = 256 << 20
 
 
@@ -72,7 +72,7 @@ class Subject:
         self.timer: timing.CallTimer | None = None
         self.placed: timing.Placements | None = None  # for one timing phase: where a small call's tensors go round
         # On a GPU, for one timing phase: this process's output buffers, mapped once by the judge; every timed call's
-        # outputs are copied into them (drkernel.sandbox.judge.TimedCalls).
+        # outputs are copied into them (drkernel.sandbox.subject_link.TimedCalls).
         self.out_staging: Any = None
         self.gate_hooks = gate_hooks
         self.mapping_s = 0.0  # this request's time spent mapping the judge's inputs
@@ -349,7 +349,7 @@ class Subject:
 
     def release(self, header: dict[str, Any], payloads: list[bytearray]) -> dict[str, Any]:
         """The judge lets the GPU go to other evaluations: let the phase's buffers go, and give the memory cached
-        back to the driver if the judge says so (`judge.gives_back`)."""
+        back to the driver if the judge says so (`gpu_policy.frees_cached_memory`)."""
         self.buffers = self.timer = self.placed = self.out_staging = self.last_mapped = None
         if self.device.type == "cuda":
             torch.cuda.synchronize()

@@ -44,7 +44,7 @@ SLOW_FACTOR = 2.0  # a timed call slower than this many times the side's fastest
 SLOW_MARGIN_MS = 0.005
 # A median more than this many times the side's fastest quarter of calls (plus SLOW_MARGIN_MS): part of the calls ran
 # beside other work on the GPU. On an H100, 3,752 sides of timed calls had at most 1.031 (small calls); one of a
-# 4.3 ms sigmoid had 1.044 with 11 of its 20 calls 9-150% slow, and a speedup 4.2% off (twenty-fifth session).
+# 4.3 ms sigmoid had 1.044 with 11 of its 20 calls 9-150% slow, and a speedup 4.2% off (docs/benchmarks.md).
 DISTURBED_FACTOR = 1.03
 GAP_CALIBRATION_CALLS = 9  # empty calls that measure the gap from a call's end to the device's idle (`CallTimer`)
 GAP_MARGIN_MS = 0.002  # beyond their spread: work on other streams shorter than this goes uncounted
@@ -291,7 +291,8 @@ class PersistingL2:
 
 def slow(value_ms: float, fastest_ms: float) -> bool:
     """A call slower than SLOW_FACTOR times the side's fastest: on a GPU, one that waited for something else inside
-    its events (lease 10, docs/experiments.md: a fifth of the candidates' medians there were such calls)."""
+    its events (a fifth of the candidates' medians in an RL run beside other runs' evaluations were such calls;
+    docs/experiments.md)."""
     return value_ms > SLOW_FACTOR * fastest_ms + SLOW_MARGIN_MS
 
 

@@ -60,8 +60,9 @@ import torch.fx.experimental.symbolic_shapes  # noqa: E402, F401
 import triton.runtime.interpreter  # noqa: E402, F401  (the launch recorder wraps its launcher)
 import triton.testing  # noqa: E402, F401
 
-from drkernel.sandbox import audit, channel, confine, isolate, judge, procfs, relay, subject
+from drkernel.sandbox import audit, channel, confine, isolate, judge, procfs, relay, startup, subject, timing
 from drkernel.sandbox.gate import DeviceGate
+from drkernel.sandbox.subject_link import SubjectLink
 from drkernel.schema import EvalRequest, EvalResult, Status
 
 GO_POLL_S = 0.002
@@ -98,7 +99,7 @@ def user_namespace_init(job: dict[str, Any], parent_pid: int, inherited_fds: lis
         isolate.detach(parent_pid)
         confine.enter_user_namespaces()
     except BaseException as exc:
-        _report_result(report_fd, EvalResult.failure(Status.INVALID, "SandboxError", f"sandbox set-up failed: {exc!r}"))
+        _report_result(report_fd, EvalResult.failed(Status.INVALID, "SandboxError", f"sandbox set-up failed: {exc!r}"))
         os._exit(0)
     init = os.fork()
     if init == 0:
@@ -123,7 +124,7 @@ def namespace_init(job: dict[str, Any], inherited_fds: list[int], report_fd: int
         isolate.detach(0, new_session=leads_group)  # the parent is outside the namespace: its pid reads as 0 here
         confine.mount_private_proc()
     except BaseException as exc:
-        _report_result(report_fd, EvalResult.failure(Status.INVALID, "SandboxError", f"sandbox set-up failed: {exc!r}"))
+        _report_result(report_fd, EvalResult.failed(Status.INVALID, "SandboxError", f"sandbox set-up failed: {exc!r}"))
         os._exit(0)
     evaluation = os.fork()
     if evaluation == 0:
@@ -181,9 +182,8 @@ def child_main(job: dict[str, Any], parent_pid: int, inherited_fds: list[int], r
         channel.report(report_fd, {"started": True})  # a death of the fork server is now this evaluation's doing
         start_latency = time.time() - float(Path("go").read_text() or "nan")
         request = EvalRequest.from_dict(json.loads(Path("request.json").read_text()))
-        link = judge.SubjectLink(channel.Channel(judge_end), subject_pid, scratch, device, judge.guards.Findings(),
-                                 gate)
-        result = judge.evaluate(request, Path(workdir), device, gate, link)
+        link = SubjectLink(channel.Channel(judge_end), subject_pid, scratch, device, gate)
+        result = judge.judge_request(request, Path(workdir), device, gate, link)
         result.phases_s["start_latency"] = round(start_latency, 4)  # from the start signal to the judge
         result.phases_s["confine"] = round(confine_s, 4)  # before the start signal, overlapped with others' runs
         if result.environment is not None:
@@ -191,10 +191,10 @@ def child_main(job: dict[str, Any], parent_pid: int, inherited_fds: list[int], r
         if networked:
             result.notes.append("sandbox: network namespace unavailable here; the candidate had network access")
     except isolate.LimitTooLow as exc:
-        result = EvalResult.failure(Status.INVALID, "LimitTooLow", str(exc))
+        result = EvalResult.failed(Status.INVALID, "LimitTooLow", str(exc))
     except BaseException as exc:  # set-up failed before the candidate ran: the harness's problem, say so
         import traceback as _t
-        result = EvalResult.failure(Status.INVALID, "SandboxError", f"sandbox set-up failed: {exc!r}", _t.format_exc())
+        result = EvalResult.failed(Status.INVALID, "SandboxError", f"sandbox set-up failed: {exc!r}", _t.format_exc())
     _report_result(report_fd, result)
     os._exit(0)
 
@@ -232,7 +232,7 @@ def _prepare(device: torch.device) -> None:
     try:
         if device.type == "cuda":
             torch.cuda.init()
-        judge.warm_up(device)
+        startup.warm_up(device)
     except Exception as exc:
         raise isolate.blame_address_space("CUDA" if device.type == "cuda" else "the evaluation", exc) from exc
     _freeze_start_up()
@@ -250,27 +250,27 @@ def _preload() -> None:
     subject: 0.45 s hashing Triton's installation for its cache key, 0.15 s importing Gluon's modules, which Triton's
     specialisation imports at a kernel's first launch; 11-25 ms on the CPU for numpy's first bootstrap, which the
     judge computes while it holds the GPU alone); and the list of torch's functions the judge calls past their
-    `torch._disable_dynamo` wrappers (`judge.find_dynamo_disabled`: 0.03 s on the CPU). Nothing here touches CUDA: the
+    `torch._disable_dynamo` wrappers (`startup.find_dynamo_disabled`: 0.03 s on the CPU). Nothing here touches CUDA: the
     evaluations fork from here."""
     if _TRITON_KEY.ident is not None:
         _TRITON_KEY.join()
     triton_key()  # cached by now when the fork server started the hashing
-    judge.timing.speedup_interval([1.0, 1.0], [1.0, 1.0], seed=0)
+    timing.speedup_interval([1.0, 1.0], [1.0, 1.0], seed=0)
     with contextlib.suppress(ImportError):  # the modules Triton versions with Gluon import at a first launch
         import triton.experimental.gluon.language  # noqa: F401
         import triton.experimental.gluon.nvidia.hopper  # noqa: F401
-    judge.find_dynamo_disabled()  # once everything is imported
+    startup.find_dynamo_disabled()  # once everything is imported
 
 
 def _report_result(report_fd: int, result: EvalResult) -> None:
     try:
         text = result.to_dict()
     except (TypeError, ValueError) as exc:  # never blame the candidate for the harness's own failure
-        text = EvalResult.failure(Status.INVALID, "SandboxError", f"unserialisable result: {exc}").to_dict()
+        text = EvalResult.failed(Status.INVALID, "SandboxError", f"unserialisable result: {exc}").to_dict()
     try:
         channel.report(report_fd, {"result": text})
     except (TypeError, ValueError) as exc:
-        channel.report(report_fd, {"result": EvalResult.failure(
+        channel.report(report_fd, {"result": EvalResult.failed(
             Status.INVALID, "SandboxError", f"unserialisable result: {exc}").to_dict()})
 
 

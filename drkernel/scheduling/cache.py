@@ -27,23 +27,21 @@ DEFAULT_ENTRIES = 4096  # results are a few kB each: a few tens of MB at most
 REPRODUCIBLE_STATUSES = frozenset(
     {Status.CORRECT, Status.INCORRECT, Status.HACKED, Status.COMPILE_ERROR, Status.RUNTIME_ERROR, Status.INVALID}
 )
-# Error kinds that blame the harness, not the candidate: the scheduler's lost worker, the sandbox's set-up, a
-# backend that raised (drkernel.service.dispatcher).
-INFRASTRUCTURE_ERRORS = frozenset({"WorkerLost", "SandboxError", "BackendError"})
 # Hack reasons read from timing noise (drkernel.sandbox.guards SIDE_STREAM, IMPOSSIBLE_SPEED): not reproducible.
 TIMING_HACK_REASONS = frozenset({HackReason.SIDE_STREAM.value, HackReason.IMPOSSIBLE_SPEED.value})
 
 
-def infrastructure_failure(result: EvalResult) -> bool:
-    """The harness failed, not the candidate: the verdict says nothing about the kernel."""
-    return result.error is not None and result.error.kind in INFRASTRUCTURE_ERRORS
+def blames_harness(result: EvalResult) -> bool:
+    """The harness failed, not the candidate (schema.HARNESS_ERRORS: the scheduler's lost worker, the evaluation's
+    set-up, a backend that raised): the verdict says nothing about the kernel."""
+    return result.error is not None and result.error.blames_harness
 
 
 def cacheable(result: EvalResult) -> bool:
     """Whether a rerun of the same request on the same device type would give the same verdict."""
     return (
         result.status in REPRODUCIBLE_STATUSES
-        and not infrastructure_failure(result)
+        and not blames_harness(result)
         and not TIMING_HACK_REASONS.intersection(result.hack_reasons)
     )
 

@@ -7,8 +7,8 @@ one parser reads it.
     http(s)://HOST:PORT      a `drkernel serve` service (its bearer token from $DRKERNEL_TOKEN)
 
 `drkernel eval`, `bench` and `serve` take it as `--engine`, `drkernel train` as `engine.name`. `open_backend` opens
-the embedded scheduler or Ray; `drkernel.agent.evaluate.open_evaluator` opens any of them as an evaluator. The older
-`--ray ADDRESS` and `--service URL` name the same engines through `legacy_engine_name`.
+the embedded scheduler or Ray; `drkernel.scheduling.evaluator.open_evaluator` opens any of them as an evaluator. The
+older `--ray ADDRESS` and `--service URL` name the same engines through `legacy_engine_name`.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ Why actors, not tasks: an evaluation forks from a warm fork server that has alre
 (seconds of start-up), and reuses the Triton cache of its GPU. A Ray task would pay that start-up per evaluation;
 an actor pays it once and owns its GPU for its lifetime, which also keeps timings clean (one evaluation per GPU).
 
-Each actor runs `drkernel.runner.sandbox.Sandbox`, which already turns every candidate failure (raise, exit,
+Each actor runs `drkernel.runner.supervisor.Supervisor`, which already turns every candidate failure (raise, exit,
 segfault, hang, memory) into a result: an actor method raises only when the actor itself is lost (its node died,
 its process was killed). Those are the failures Ray retries: `max_restarts` brings the actor back, and
 `max_task_retries` reruns the evaluation it held. When the retries are spent, the evaluation ends as an
@@ -27,9 +27,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from drkernel.errors import EngineError, UsageError
-from drkernel.runner.sandbox import DeviceQueue, Sandbox, memory_share_mb
+from drkernel.runner.supervisor import DeviceQueue, Supervisor, memory_share_mb
 from drkernel.scheduling.scheduler import JOBS_PER_WORKER
-from drkernel.schema import ErrorInfo, EvalRequest, EvalResult, Status
+from drkernel.schema import ErrorInfo, ErrorKind, EvalRequest, EvalResult, Status
 
 try:
     import ray
@@ -43,19 +43,20 @@ ACTOR_START_TIMEOUT_S = 300.0  # for the cluster to place and start every actor
 
 
 class EvaluationActor:
-    """Owns one device slot on one node: a warm Sandbox, fed one evaluation at a time."""
+    """Owns one device slot on one node: a warm Supervisor, fed one evaluation at a time."""
 
     def __init__(self, device: str, resource: str, per_actor: float) -> None:
         self.device = device
-        # Ray sets CUDA_VISIBLE_DEVICES to the GPU it gave this actor; the sandbox's child sets CUDA_VISIBLE_DEVICES
-        # to `gpu` itself, so it needs that value as given (a physical index or UUID), not the index "0" seen here.
+        # Ray sets CUDA_VISIBLE_DEVICES to the GPU it gave this actor; the supervisor's fork server sets
+        # CUDA_VISIBLE_DEVICES to `gpu` itself, so it needs that value as given (a physical index or UUID), not the
+        # index "0" seen here.
         self.gpu = _assigned_gpu() if device == "cuda" else None
         share = _actors_on_node(resource, per_actor)
         # Up to JOBS_PER_ACTOR evaluation processes are alive at once: they share the actor's share of memory.
-        sandbox = Sandbox(device=device, gpu=self.gpu, memory_cap_mb=memory_share_mb(share * JOBS_PER_ACTOR))
-        self.device_queue = DeviceQueue(sandbox)
+        supervisor = Supervisor(device=device, gpu=self.gpu, memory_cap_mb=memory_share_mb(share * JOBS_PER_ACTOR))
+        self.device_queue = DeviceQueue(supervisor)
 
-    def evaluate(self, request: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    def run(self, request: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
         """The result, and where it ran: a new pid tells the driver that Ray restarted this actor.
 
         Ray runs up to JOBS_PER_ACTOR of these calls at once (a threaded actor): each forks its evaluation on
@@ -189,7 +190,7 @@ class RayBackend:
                 continue
             actor.inflight += 1
             self._inflight.add(job)
-            ref = actor.handle.evaluate.remote(job.request.to_dict())
+            ref = actor.handle.run.remote(job.request.to_dict())
             ref.future().add_done_callback(lambda f, a=actor, j=job: self._done(a, j, f))
 
     def _done(self, actor: _Actor, job: _Job, outcome: Future[tuple[dict[str, Any], int]]) -> None:
@@ -217,7 +218,7 @@ def _resolve(device: str, resources: dict[str, float]) -> str:
 def _harness_failed(error: BaseException) -> EvalResult:
     """An evaluation the actor could not finish: the actor was lost for good, or the harness in it raised."""
     if isinstance(error, ray.exceptions.RayActorError):
-        kind, message = "WorkerLost", f"the Ray actor was lost and Ray's retries are spent: {error!r}"
+        kind, message = ErrorKind.WORKER_LOST, f"the Ray actor was lost and Ray's retries are spent: {error!r}"
     else:
-        kind, message = "SandboxError", f"the evaluation actor failed: {error!r}"
+        kind, message = ErrorKind.SANDBOX_ERROR, f"the evaluation actor failed: {error!r}"
     return EvalResult(status=Status.CRASHED, error=ErrorInfo(kind=kind, message=message))

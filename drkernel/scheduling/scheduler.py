@@ -27,9 +27,9 @@ from dataclasses import dataclass, field
 from typing import IO, Callable, Iterable, Iterator, Protocol
 
 from drkernel.runner.devices import discover_gpus, resolve_device
-from drkernel.runner.sandbox import GPU_OVERLAP, memory_share_mb
-from drkernel.scheduling.cache import DEFAULT_ENTRIES, ResultCache, infrastructure_failure
-from drkernel.schema import ErrorInfo, EvalRequest, EvalResult, Status
+from drkernel.runner.supervisor import GPU_OVERLAP, memory_share_mb
+from drkernel.scheduling.cache import DEFAULT_ENTRIES, ResultCache, blames_harness
+from drkernel.schema import ErrorInfo, ErrorKind, EvalRequest, EvalResult, Status
 
 PREPARED_AHEAD = 2  # jobs forked and starting up per worker beyond those running (CUDA start-up takes seconds)
 JOBS_PER_WORKER = GPU_OVERLAP + PREPARED_AHEAD
@@ -65,7 +65,7 @@ class _Slot:
     head_since: float = 0.0
     completed: int = 0
     restarts: int = -1
-    ready: threading.Event = field(default_factory=threading.Event)  # its worker's sandbox has started
+    ready: threading.Event = field(default_factory=threading.Event)  # its worker's supervisor has started
 
 
 class Scheduler:
@@ -80,7 +80,7 @@ class Scheduler:
             raise ValueError("cache_entries must be >= 0 (0 switches the result cache off)")
         self.cache = ResultCache(self.device, cache_entries) if cache_entries else None
         self.max_attempts = max_attempts
-        self.overlap = overlap  # evaluations running at once per worker (drkernel.runner.sandbox.DeviceQueue)
+        self.overlap = overlap  # evaluations running at once per worker (drkernel.runner.supervisor.DeviceQueue)
         self.jobs_per_worker = JOBS_PER_WORKER if overlap is None else overlap + PREPARED_AHEAD
         if self.device == "cuda":
             gpus = discover_gpus()
@@ -260,7 +260,7 @@ class Scheduler:
                 job = slot.inflight.pop(message["job"], None)
                 slot.completed += 1
                 slot.head_since = time.monotonic()
-                again = job is not None and infrastructure_failure(result) and job.attempts < self.max_attempts
+                again = job is not None and blames_harness(result) and job.attempts < self.max_attempts
                 if again:  # the harness failed, not the candidate: the job runs again, first in line
                     self._queue.appendleft(job)  # type: ignore[arg-type]
                 self._cond.notify_all()
@@ -290,7 +290,7 @@ def _worker_lost(job: _Job, returncode: int | None) -> EvalResult:
     return EvalResult(
         status=Status.CRASHED,
         error=ErrorInfo(
-            kind="WorkerLost",
+            kind=ErrorKind.WORKER_LOST,
             message=f"the worker process died {job.attempts} time(s) while holding this evaluation "
                     f"(last exit code {returncode}); given up",
         ),

@@ -1,6 +1,6 @@
 """A worker process: owns one device slot, evaluates the jobs its scheduler sends, one at a time.
 
-Protocol on stdin/stdout, one JSON object per line: out `{"ready": pid}` once the sandbox's fork server is up,
+Protocol on stdin/stdout, one JSON object per line: out `{"ready": pid}` once the supervisor's fork server is up,
 then in `{"job": id, "request": {...}}`, out `{"job": id, "result": {...}}`. The scheduler sends a few jobs at
 once; while the first ones run, the next ones' processes are forked and initialise CUDA, so the device does not
 wait for start-up between evaluations.
@@ -21,8 +21,8 @@ from concurrent.futures import Future
 from typing import IO, Any
 
 from drkernel.runner.forkserver import ForkServerDied
-from drkernel.runner.sandbox import GPU_OVERLAP, DeviceQueue, Sandbox
-from drkernel.schema import EvalRequest, EvalResult, Status
+from drkernel.runner.supervisor import GPU_OVERLAP, DeviceQueue, Supervisor
+from drkernel.schema import ErrorKind, EvalRequest, EvalResult, Status
 
 
 def submit(device: DeviceQueue, job: dict[str, Any]) -> tuple[str, Future[EvalResult]]:
@@ -30,15 +30,15 @@ def submit(device: DeviceQueue, job: dict[str, Any]) -> tuple[str, Future[EvalRe
         request = EvalRequest.from_dict(job["request"])
     except (KeyError, TypeError, ValueError) as exc:
         unusable: Future[EvalResult] = Future()
-        unusable.set_result(EvalResult.failure(Status.INVALID, "BadRequest", f"unusable request: {exc}"))
+        unusable.set_result(EvalResult.failed(Status.INVALID, ErrorKind.BAD_REQUEST, f"unusable request: {exc}"))
         return job.get("job", ""), unusable
     return job["job"], device.submit(request)
 
 
-def run(sandbox: Sandbox, jobs: IO[bytes], out: IO[str]) -> None:
+def run(supervisor: Supervisor, jobs: IO[bytes], out: IO[str]) -> None:
     """Evaluate jobs in order; each job's process is forked as soon as the job arrives, so its start-up overlaps
     the evaluation in front of it."""
-    device = DeviceQueue(sandbox)
+    device = DeviceQueue(supervisor)
     pending: queue.Queue[tuple[str, Future[EvalResult]] | None] = queue.Queue()
 
     def receive() -> None:
@@ -65,17 +65,17 @@ def main(argv: list[str] | None = None) -> None:
     signal.signal(signal.SIGTERM, _terminated)  # before the fork server starts: it is closed on the way out
     out = os.fdopen(os.dup(1), "w")
     os.dup2(2, 1)  # anything printed by libraries goes to stderr, never into the protocol
-    sandbox = Sandbox(device=args.device, gpu=args.gpu, memory_cap_mb=args.memory_cap_mb, overlap=args.overlap)
+    supervisor = Supervisor(device=args.device, gpu=args.gpu, memory_cap_mb=args.memory_cap_mb, overlap=args.overlap)
     try:
         try:
-            sandbox.server.ensure_running()  # before the first job, not in its time
+            supervisor.server.ensure_running()  # before the first job, not in its time
         except ForkServerDied as exc:  # each job tries again, and fails with the reason if it must
             print(f"drkernel worker: the fork server did not start: {exc}", file=sys.stderr, flush=True)
         out.write(json.dumps({"ready": os.getpid()}) + "\n")
         out.flush()
-        run(sandbox, sys.stdin.buffer, out)
+        run(supervisor, sys.stdin.buffer, out)
     finally:
-        sandbox.close()
+        supervisor.close()
 
 
 def _terminated(signum: int, frame: Any) -> None:

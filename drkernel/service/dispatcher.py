@@ -25,7 +25,7 @@ from typing import Iterator
 
 from drkernel.scheduling.cache import cache_key, cacheable
 from drkernel.scheduling.scheduler import JOBS_PER_WORKER, Backend
-from drkernel.schema import EvalRequest, EvalResult, Status
+from drkernel.schema import ErrorKind, EvalRequest, EvalResult, Status
 from drkernel.service.store import Record, Store
 
 log = logging.getLogger(__name__)
@@ -211,4 +211,4 @@ def _outcome(future: Future[EvalResult]) -> EvalResult:
     error = future.exception()
     if error is None:
         return future.result()
-    return EvalResult.failure(Status.CRASHED, "BackendError", f"the evaluation backend failed: {error!r}")
+    return EvalResult.failed(Status.CRASHED, ErrorKind.BACKEND_ERROR, f"the evaluation backend failed: {error!r}")

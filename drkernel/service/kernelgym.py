@@ -21,7 +21,7 @@ from typing import Any, Literal, Optional
 from fastapi import APIRouter, HTTPException, Request
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from drkernel.scheduling.cache import infrastructure_failure
+from drkernel.scheduling.cache import blames_harness
 from drkernel.schema import EvalOptions, EvalRequest, EvalResult, Status
 from drkernel.service import viewer
 from drkernel.service.dispatcher import Dispatcher
@@ -193,7 +193,7 @@ def _status(result: EvalResult) -> KernelGymStatus:
 
 def _failed(result: EvalResult) -> bool:
     """KernelGYM's "failed": no verdict on the kernel (harness failure, or a request it rejects as invalid)."""
-    return infrastructure_failure(result) or result.status == Status.INVALID
+    return blames_harness(result) or result.status == Status.INVALID
 
 
 def _message(result: EvalResult) -> str | None:

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from drkernel.agent.context import ContextPolicy, ShownTurn, build_messages
-from drkernel.agent.evaluate import Evaluator
+from drkernel.scheduling.evaluator import Evaluator
 from drkernel.agent.loop import JudgedAnswer, judge_answer
 from drkernel.agent.prompts import PromptTemplates
 from drkernel.agent.records import TurnRecord

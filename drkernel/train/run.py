@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from drkernel.agent.config import HF_PREFIX, BenchConfig
-from drkernel.agent.evaluate import open_evaluator
+from drkernel.scheduling.evaluator import open_evaluator
 from drkernel.agent.local_models import load_causal_lm, load_tokenizer
 from drkernel.agent.prompts import first_turn_prompt
 from drkernel.tasks.loaders import load_tasks

@@ -16,7 +16,7 @@ from typing import Any
 from drkernel.agent.backends import ChatModel, Completion, SamplingParams
 from drkernel.agent.bench import write_summary
 from drkernel.agent.config import BenchConfig
-from drkernel.agent.evaluate import Evaluator
+from drkernel.scheduling.evaluator import Evaluator
 from drkernel.agent.loop import run_loop
 from drkernel.agent.records import CONFIG, write_json
 from drkernel.rl import RewardConfig

@@ -1,5 +1,6 @@
-"""How the loop (and the trainer, and `drkernel eval`'s batches) judge code: one `Evaluator` protocol over every
-evaluation engine, opened by `open_evaluator` from the engine's name (drkernel.scheduling.engine).
+"""How the agent loop, the trainer, `drkernel eval`'s batches and the integrations judge code: one `Evaluator`
+protocol over every evaluation engine, opened by `open_evaluator` from the engine's name (drkernel.scheduling.engine,
+whose `open_backend` it uses for the embedded scheduler and Ray).
 
 The embedded `Scheduler` and the Ray backend hand back concurrent futures that `asyncio.wrap_future` awaits without
 a thread per evaluation; the service has an async client. Either way, many trajectories wait on the evaluator at

@@ -1,6 +1,7 @@
-"""Evaluate a request in a fresh, isolated process and always come back with a classified result.
+"""The supervisor of evaluations: each request judged in a fresh, isolated process (drkernel.sandbox, the code that
+runs inside), always answered with a classified result.
 
-`Sandbox` owns one device slot (one GPU, or the CPU) and a warm fork server. `prepare` forks the evaluation
+`Supervisor` owns one device slot (one GPU, or the CPU) and a warm fork server. `prepare` forks the evaluation
 process and lets it initialise CUDA while another evaluation may still be running; `finish` starts it and waits
 with a wall-clock deadline and a host-memory watchdog. `DeviceQueue` puts the two together for a stream of
 evaluations: each prepared on arrival, started in order, `overlap` of them running at once on a GPU, where the
@@ -30,10 +31,10 @@ from drkernel.errors import EngineError
 from drkernel.sandbox import procfs
 from drkernel.sandbox.gate import GATE_FILE
 from drkernel.runner.forkserver import ForkServer, ForkServerDied, JobHandle
-from drkernel.schema import ErrorInfo, EvalRequest, EvalResult, HackReason, Status
+from drkernel.schema import ErrorInfo, ErrorKind, EvalRequest, EvalResult, HackReason, Status
 
 WATCH_INTERVAL_S = 0.05
-MEMORY_CHECK_S = 0.25  # at most one /proc scan this often for all of a sandbox's evaluations (GroupMemory)
+MEMORY_CHECK_S = 0.25  # at most one /proc scan this often for all of a supervisor's evaluations (GroupMemory)
 KILL_GRACE_S = 5.0
 OUTPUT_TAIL_CHARS = 3000
 GPU_OVERLAP = 3  # evaluations running at once on one GPU: checking correctness together, timing one at a time
@@ -51,11 +52,11 @@ class Prepared:
     request: EvalRequest
     handle: JobHandle | None
     workdir: Path
-    failure: EvalResult | None = None  # set when the process could not even be started
+    refused: EvalResult | None = None  # the result, when the process could not even be started
     started_at: float | None = None
 
 
-class Sandbox:
+class Supervisor:
     def __init__(
         self,
         device: str = "cpu",
@@ -67,11 +68,11 @@ class Sandbox:
         overlap: int | None = None,
     ) -> None:
         if device not in ("cpu", "cuda"):
-            raise ValueError(f"a sandbox runs on cpu or cuda, not {device!r}")
+            raise ValueError(f"a supervisor runs evaluations on cpu or cuda, not {device!r}")
         if device == "cuda" and gpu is None:
-            raise ValueError("a cuda sandbox needs the GPU it owns (an index or UUID)")
+            raise ValueError("a cuda supervisor needs the GPU it owns (an index or UUID)")
         self.device, self.gpu = device, gpu
-        self.root = sandbox_root(root)
+        self.root = evaluations_root(root)
         self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
         # Root's evaluations run as an unprivileged uid (drkernel.sandbox.confine): it must pass through the root to
         # its own working directory (0700, random name) and write the cache; nobody may list the root.
@@ -94,12 +95,13 @@ class Sandbox:
 
     # One evaluation -------------------------------------------------------------------------------------------
 
-    def evaluate(self, request: EvalRequest) -> EvalResult:
+    def run(self, request: EvalRequest) -> EvalResult:
+        """One evaluation from start to end (`DeviceQueue` overlaps many)."""
         return self.finish(self.prepare(request))
 
     def prepare(self, request: EvalRequest) -> Prepared:
         workdir = Path(tempfile.mkdtemp(prefix="job-", dir=self.root))
-        refused = memory_floor_failure(self.device, request.options.memory_limit_mb, self.memory_cap_mb)
+        refused = memory_floor_refusal(self.device, request.options.memory_limit_mb, self.memory_cap_mb)
         if refused is not None:
             return Prepared(request, None, workdir, refused)
         (workdir / "request.json").write_text(json.dumps(request.to_dict()))
@@ -118,8 +120,9 @@ class Sandbox:
             try:  # one retry on a fresh fork server: this is the harness's failure, not the candidate's
                 handle = self.server.spawn(uuid.uuid4().hex, spec)
             except ForkServerDied as exc:
-                failure = EvalResult.failure(Status.CRASHED, "SandboxError", f"could not start the evaluation: {exc}")
-                return Prepared(request, None, workdir, failure)
+                refused = EvalResult.failed(Status.CRASHED, ErrorKind.SANDBOX_ERROR,
+                                            f"could not start the evaluation: {exc}")
+                return Prepared(request, None, workdir, refused)
         return Prepared(request, handle, workdir)
 
     def memory_limit_mb(self, request: EvalRequest) -> int:
@@ -131,7 +134,7 @@ class Sandbox:
 
     def start(self, prepared: Prepared) -> None:
         """Let a prepared evaluation run; its deadline counts from here."""
-        if prepared.failure is None and prepared.started_at is None:
+        if prepared.refused is None and prepared.started_at is None:
             prepared.started_at = time.monotonic()
             signal_file = prepared.workdir / "go.tmp"  # renamed into place: the child never reads a half-written "go"
             signal_file.write_text(repr(time.time()))
@@ -140,8 +143,8 @@ class Sandbox:
     def collect(self, prepared: Prepared) -> EvalResult:
         """Wait for a started evaluation and classify how it ended."""
         try:
-            if prepared.failure is not None:
-                return prepared.failure
+            if prepared.refused is not None:
+                return prepared.refused
             return self._wait(prepared)
         except _NeverStarted:
             # Its process died while waiting to start, with the fork server (killed by the evaluation before it):
@@ -192,20 +195,21 @@ class Sandbox:
             try:
                 result = EvalResult.from_dict(handle.result)
             except (TypeError, ValueError) as exc:
-                return _crashed("CorruptResult", f"the evaluation reported an unreadable result: {exc}", workdir)
+                return _crashed(ErrorKind.CORRUPT_RESULT, f"the evaluation reported an unreadable result: {exc}",
+                                workdir)
             if handle.result_at is not None:
                 result.phases_s["exit"] = round(time.monotonic() - handle.result_at, 4)  # process teardown
             return result
         if outcome == "timeout":
-            result = _crashed("Timeout", f"the evaluation exceeded its {timeout_s:g} s time limit", workdir)
+            result = _crashed(ErrorKind.TIMEOUT, f"the evaluation exceeded its {timeout_s:g} s time limit", workdir)
             result.status = Status.TIMEOUT
             return result
         if outcome == "memory":
-            return _crashed("MemoryLimit", f"the evaluation exceeded its host memory limit of {memory_mb} MB",
+            return _crashed(ErrorKind.MEMORY_LIMIT, f"the evaluation exceeded its host memory limit of {memory_mb} MB",
                             workdir)
         if outcome == "server_died":
-            result = _crashed("KilledHarness", "the evaluation's parent process was killed during the evaluation",
-                              workdir)
+            result = _crashed(ErrorKind.KILLED_HARNESS,
+                              "the evaluation's parent process was killed during the evaluation", workdir)
             result.hack_reasons = [HackReason.KILLED_HARNESS.value]
             result.hack_details = {
                 HackReason.KILLED_HARNESS.value: "the candidate killed the process that supervises it."}
@@ -217,19 +221,19 @@ class Sandbox:
 
 
 class DeviceQueue:
-    """Evaluations on one sandbox: each forked on submission, so its start-up overlaps the evaluations in front of
-    it, and started in the order submitted, `sandbox.overlap` at a time; with more than one, the device gate keeps
+    """Evaluations on one supervisor: each forked on submission, so its start-up overlaps the evaluations in front of
+    it, and started in the order submitted, `supervisor.overlap` at a time; with more than one, the device gate keeps
     each one's timing and profiling alone on the GPU (timings stay clean)."""
 
-    def __init__(self, sandbox: Sandbox) -> None:
-        self.sandbox = sandbox
+    def __init__(self, supervisor: Supervisor) -> None:
+        self.supervisor = supervisor
         self._prepared: queue.Queue[tuple[Prepared, Future[EvalResult]]] = queue.Queue()
-        self._running = threading.Semaphore(sandbox.overlap)
+        self._running = threading.Semaphore(supervisor.overlap)
         threading.Thread(target=self._start_in_turn, daemon=True, name="drkernel-device").start()
 
     def submit(self, request: EvalRequest) -> Future[EvalResult]:
         done: Future[EvalResult] = Future()
-        self._prepared.put((self.sandbox.prepare(request), done))
+        self._prepared.put((self.supervisor.prepare(request), done))
         return done
 
     def _start_in_turn(self) -> None:
@@ -240,15 +244,15 @@ class DeviceQueue:
 
     def _finish(self, prepared: Prepared, done: Future[EvalResult]) -> None:
         try:
-            done.set_result(self.sandbox.finish(prepared))
+            done.set_result(self.supervisor.finish(prepared))
         except BaseException as exc:  # a harness fault, not the candidate's: raised to whoever waits for it
             done.set_exception(exc)
         finally:
             self._running.release()
 
 
-def sandbox_root(root: str | Path | None = None) -> Path:
-    """Where sandboxes of this user keep their working directories and their GPUs' gates."""
+def evaluations_root(root: str | Path | None = None) -> Path:
+    """Where supervisors of this user keep their evaluations' working directories and their GPUs' gates."""
     return Path(root or tempfile.gettempdir()) / f"drkernel-{os.getuid()}"
 
 
@@ -280,8 +284,8 @@ def installation_has_bytecode(package: str) -> bool:
 
 
 def gpu_gate_path(gpu: str, root: str | Path | None = None) -> Path:
-    """The lock file of a GPU's device gate, shared by every sandbox (and local model) of this user on it."""
-    return sandbox_root(root) / f"gate-gpu-{gpu}"
+    """The lock file of a GPU's device gate, shared by every supervisor (and local model) of this user on it."""
+    return evaluations_root(root) / f"gate-gpu-{gpu}"
 
 
 def host_memory_mb() -> int:
@@ -299,14 +303,16 @@ def _crashed_by_status(status: int | None, workdir: Path) -> EvalResult:
     if status is not None and os.WIFSIGNALED(status):
         sig = os.WTERMSIG(status)
         name = signal.Signals(sig).name if sig in signal.Signals._value2member_map_ else str(sig)
-        result = _crashed("KilledHarness", f"the evaluation's judge was killed by {name} ({signal.strsignal(sig)})",
+        result = _crashed(ErrorKind.KILLED_HARNESS,
+                          f"the evaluation's judge was killed by {name} ({signal.strsignal(sig)})",
                           workdir)
         result.hack_reasons = [HackReason.KILLED_HARNESS.value]
         result.hack_details = {
             HackReason.KILLED_HARNESS.value: "the process that judges the candidate was killed: a failure."}
         return result
     code = os.WEXITSTATUS(status) if status is not None else None
-    return _crashed("Exit", f"the evaluation's judge exited with code {code} before reporting a result", workdir)
+    return _crashed(ErrorKind.EXIT, f"the evaluation's judge exited with code {code} before reporting a result",
+                    workdir)
 
 
 def _crashed(kind: str, message: str, workdir: Path) -> EvalResult:
@@ -328,23 +334,23 @@ def _output_tail(workdir: Path) -> str:
     return "\n".join(parts)
 
 
-def memory_floor_failure(device: str, limit_mb: int, cap_mb: int) -> EvalResult | None:
+def memory_floor_refusal(device: str, limit_mb: int, cap_mb: int) -> EvalResult | None:
     """`invalid` for a host-memory limit below what the evaluation's own processes hold on a GPU: the watchdog
     would end every evaluation as `crashed` before its candidate ran. On the CPU the address-space limit names its
     own floor (`isolate.LimitTooLow`, from inside the evaluation)."""
     if device != "cuda" or min(limit_mb, cap_mb) >= GPU_MEMORY_FLOOR_MB:
         return None
     named = f"memory_limit_mb={limit_mb}" if limit_mb <= cap_mb else f"the sandbox's memory cap of {cap_mb} MB"
-    return EvalResult.failure(
-        Status.INVALID, "LimitTooLow",
+    return EvalResult.failed(
+        Status.INVALID, ErrorKind.LIMIT_TOO_LOW,
         f"{named} is below the {GPU_MEMORY_FLOOR_MB} MB an evaluation needs on a GPU: its own two processes hold "
         "about 1.4 GB of host memory there (their CUDA contexts) before the candidate runs; raise it")
 
 
 class GroupMemory:
     """Resident memory of each process group, from one scan of /proc at most every MEMORY_CHECK_S, shared by all of a
-    sandbox's running evaluations. A scan reads every process's stat file: one for each evaluation every 50 ms kept
-    half a core of each worker busy on a host running four RL runs (docs/experiments.md, lease 9)."""
+    supervisor's running evaluations. A scan reads every process's stat file: one for each evaluation every 50 ms kept
+    half a core of each worker busy on a host running four RL runs (docs/experiments.md)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
