@@ -32,7 +32,7 @@ from drkernel.sandbox.judge_context import JudgeContext
 from drkernel.sandbox.kernel_checks import AblationPhase, ProfilePhase
 from drkernel.sandbox.reference import Reference, load_reference
 from drkernel.sandbox.startup import call_dynamo_disabled_directly, environment
-from drkernel.sandbox.subject import trimmed_traceback
+from drkernel.sandbox.loading import trimmed_traceback
 from drkernel.sandbox.subject_link import SubjectLink
 from drkernel.sandbox.timing_phase import TimingPhase
 from drkernel.sandbox.verdict import Failure, PhaseOutcome, establish, established_by

@@ -16,7 +16,7 @@ from typing import Any, Callable
 import torch
 
 from drkernel.sandbox import correctness, loading
-from drkernel.sandbox.subject import seeded, trimmed_traceback
+from drkernel.sandbox.loading import seeded, trimmed_traceback
 from drkernel.sandbox.verdict import Failure
 from drkernel.schema import ErrorKind, EvalOptions, Status
 

@@ -13,7 +13,6 @@ import dataclasses
 import os
 import sys
 import time
-import traceback
 import types
 from collections import Counter
 from contextlib import contextmanager, nullcontext
@@ -36,7 +35,6 @@ MODES: dict[str, tuple[bool, Callable[[], Any]]] = {
     "eval+inference_mode": (False, torch.inference_mode),
     "eval+grad": (False, torch.enable_grad),
 }
-TRACEBACK_CHARS = 4000
 # cudaErrorMapBufferObjectFailed as PyTorch words it: mapping another process's memory failed, a resource of the
 # driver's, never a bug of a kernel; where it surfaces after the mapping (the first copy that reads it), it is the
 # harness's failure all the same.
@@ -177,7 +175,7 @@ class Subject:
             raise Refusal(Status.INVALID, "NoModelNew", "the candidate defines no class ModelNew")
         with self._candidate_running():
             try:
-                model = seeded(int(header["seed"]), self.device, lambda: module.ModelNew(*init_inputs))
+                model = loading.seeded(int(header["seed"]), self.device, lambda: module.ModelNew(*init_inputs))
                 self.model = model.to(self.device) if isinstance(model, torch.nn.Module) else model
             except BaseException as exc:
                 raise self._classify(exc)
@@ -280,10 +278,6 @@ class Subject:
             out, event_ms, host_ms = self.timer.timed(_nothing if null else self.model, args,
                                                       on_idle=lambda: self.thread.tell({"timed": True}))
         own = [launch for launch in self.recorder.take() if launch.own]
-        streams = {launch.stream for launch in own} - {self.timer.stream}
-        if streams and self.device.type == "cuda":
-            self.findings.add(guards.SIDE_STREAM, "own kernels were launched on other streams than the timed one: "
-                              "launch kernels on the current stream.")
         if self.timer.l2_tampered:
             self.findings.add(guards.L2_PERSISTENCE, "the candidate changed the GPU's persisting-L2 settings (a "
                               "carve-out or an access-policy window): timed calls must meet a flushed cache.")
@@ -467,7 +461,7 @@ class Subject:
             torch.cuda.synchronize()
 
     def _classify(self, exc: BaseException) -> Refusal:
-        tb = trimmed_traceback(exc, self.scratch)
+        tb = loading.trimmed_traceback(exc, self.scratch)
         if isinstance(exc, torch.AcceleratorError) and MAPPING_FAILED in str(exc):
             # seen on an H100 in a correctness call of a legitimate candidate, with none of its frames on the stack
             return Refusal(Status.CRASHED, "SandboxError", f"mapping the judge's memory failed: {_message(exc)}", tb)
@@ -525,37 +519,6 @@ def _paired(a: Any, b: Any, pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> b
 def serve(conn: Channel, scratch: Path, device: torch.device, gate_hooks: bool,
           confinement: dict[str, str] | None = None) -> None:
     Subject(conn, scratch, device, gate_hooks, confinement).serve()
-
-
-def trimmed_traceback(exc: BaseException, folder: Path) -> str:
-    """The exception with the frames of the evaluation's own files only: nothing of the harness's or the libraries'
-    paths goes back to the client."""
-    summary = traceback.TracebackException(type(exc), exc, exc.__traceback__)
-    parts, seen = [summary], set()
-    while parts:  # the exception and those it was raised from or during
-        part = parts.pop()
-        if id(part) not in seen:
-            seen.add(id(part))
-            part.stack = traceback.StackSummary.from_list(
-                [frame for frame in part.stack if frame.filename.startswith(str(folder) + os.sep)])
-            parts += [p for p in (part.__cause__, part.__context__) if p is not None]
-    text = "".join(summary.format()).replace(str(folder) + os.sep, "")
-    return text if len(text) <= TRACEBACK_CHARS else "...\n" + text[-TRACEBACK_CHARS:]
-
-
-def seeded(seed: int, device: torch.device, fn: Callable[[], Any]) -> Any:
-    """`fn` with every RNG seeded and `device` as the default one (tensors made without naming a device are born
-    there): the judge builds the reference and the subject the candidate this way, so a candidate that initialises
-    its parameters like the reference gets the same values."""
-    import random
-
-    import numpy as np
-
-    random.seed(seed)
-    np.random.seed(seed % (2**32))
-    torch.manual_seed(seed)
-    with device:
-        return fn()
 
 
 def _hide_harness() -> None:

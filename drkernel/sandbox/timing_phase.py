@@ -121,6 +121,7 @@ class TimingPhase:
             spins: dict[str, list[float]] = {"reference": [], "candidate": []}
             ref, cand = timing.Samples(), timing.Samples()
             own_per_call: list[int] = []
+            unjoined_ms: list[float] = []  # per timed call: work left running on other streams, past its end
             for trial in range(opts.perf_trials):
                 for side, seen in host_ms.items():
                     spins[side].append(timing.cover_for(seen[1:] or seen))
@@ -147,6 +148,7 @@ class TimingPhase:
                     cand.driver_allocations.append(_count(reply.get("driver_allocations")))
                 ref.event_ms.append(ref_ms)
                 cand.event_ms.append(_positive(reply.get("event_ms")))
+                unjoined_ms.append(_positive(reply.get("unjoined_ms", 0.0)))
                 # A null call right after (the same steps and hand-over around no call): what the wall clock sees
                 # beyond the call itself, under the host's load of the moment.
                 with part("null"):
@@ -177,6 +179,12 @@ class TimingPhase:
                 if excess is not None:
                     suspicions[guards.SIDE_STREAM] = (f"{excess}: work ran outside the timed stream, or the timing "
                                                       "was tampered with. Launch kernels on the current stream.")
+                left_running = [ms for ms in unjoined_ms if ms > 0]
+                if len(left_running) * 2 > len(unjoined_ms):
+                    suspicions[guards.SIDE_STREAM] = (
+                        f"in {len(left_running)} of {len(unjoined_ms)} timed calls, work the call started on other "
+                        f"streams was still running when it returned ({statistics.median(left_running):.4f} ms at the "
+                        "median; it is counted in the timing): join every stream to the current one before returning.")
                 too_fast = self._too_fast(result.candidate.median_ms, args, reference)
                 if too_fast is not None:
                     suspicions[guards.IMPOSSIBLE_SPEED] = too_fast

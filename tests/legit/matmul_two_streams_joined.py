@@ -1,5 +1,6 @@
 # expected: correct
 # task: matmul_1024
+# needs: cuda
 # Two streams that really overlap and are joined before forward returns: the top half of C on the caller's stream,
 # the bottom half on a stream of its own that waits for the inputs and that the caller's stream waits for. Every
 # timed call ends when both halves are done: credited at its true time, no finding.
