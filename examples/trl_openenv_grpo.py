@@ -174,15 +174,18 @@ class EnvironmentRollout:
     """TRL's `rollout_func`: plays an episode of the environment for each prompt it is given.
 
     One session per concurrent rollout, kept across steps; every session's turn is judged at once (the evaluator's
-    queue orders the work). One event loop for the whole run, because a client's WebSocket belongs to the loop that
-    opened it.
+    queue orders the work).
     """
 
     def __init__(self, new_session: Callable[[], EnvSession], dataset: Dataset) -> None:
         self.new_session = new_session
         self.sessions: list[EnvSession] = []
         self.task_of = {_prompt_key(row["prompt"]): row["task"] for row in dataset}  # first chat (JSON) -> task
+        # One event loop for the whole run, always running in a thread of its own: a client's WebSocket belongs to
+        # the loop that opened it, and that loop must answer the server's keepalive pings while the model samples.
         self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, daemon=True, name="openenv-sessions")
+        self._thread.start()
 
     def __call__(self, prompts: list[list[dict[str, str]]], trainer: GRPOTrainer) -> dict[str, Any]:
         tokenizer = trainer.processing_class
@@ -193,7 +196,7 @@ class EnvironmentRollout:
             keys.append(self.task_of[_prompt_key(prompt)])
         self._grow(len(prompts))
         sessions = self.sessions[: len(prompts)]
-        first = self.loop.run_until_complete(_gather(s.reset(k) for s, k in zip(sessions, keys)))
+        first = self._run(_gather(s.reset(k) for s, k in zip(sessions, keys)))
         episodes = []
         for key, prompt, observation in zip(keys, prompts, first):
             if observation.messages != prompt:
@@ -216,7 +219,7 @@ class EnvironmentRollout:
                 ended = bool(ids) and ids[-1] in trainer.eos_token_ids
                 responses.append((_decode(tokenizer, ids[:-1] if ended else ids), ended))
             steps = _gather(sessions[i].step(answer) for i, (answer, _) in zip(live, responses))
-            for i, (answer, ended), observation in zip(live, responses, self.loop.run_until_complete(steps)):
+            for i, (answer, ended), observation in zip(live, responses, self._run(steps)):
                 self._take(trainer, episodes[i], answer, ended, observation)
         with_logprobs = all(e.logprobs is not None for e in episodes)
         return {
@@ -258,8 +261,13 @@ class EnvironmentRollout:
             self.sessions.append(self.new_session())
 
     def close(self) -> None:
-        self.loop.run_until_complete(_gather(s.close() for s in self.sessions))
+        self._run(_gather(s.close() for s in self.sessions))
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join()
         self.loop.close()
+
+    def _run(self, awaitable: Awaitable[T]) -> T:
+        return asyncio.run_coroutine_threadsafe(awaitable, self.loop).result()
 
 
 def task_dataset(url: str, keys: Sequence[str], timeout_s: float) -> Dataset:
