@@ -96,12 +96,11 @@ def build_dataset(spec: DatasetSpec, out: str | Path, templates: PromptTemplates
     out = Path(out)
     train = spec.train_tasks()
     val = spec.val_tasks(train)
-    tasks = {t.key: t for t in train}
-    for task in val:
+    tasks: dict[str, Task] = {}
+    for task in train + val:
         if tasks.setdefault(task.key, task).code != task.code:
-            raise UsageError(f"two different tasks share the key {task.key}")
-    if len(set(t.key for t in train)) != len(train):
-        raise UsageError("the train tasks' keys are not unique: give each source's tasks distinct names or levels")
+            raise UsageError(f"two different tasks share the key {task.key}: give each source's tasks distinct "
+                             f"names or levels")
     out.mkdir(parents=True, exist_ok=True)
     task_file = out / TASK_FILE
     task_file.write_text("".join(json.dumps({"name": t.name, "code": t.code, "level": t.level,
