@@ -1,27 +1,32 @@
 """TRL's GRPOTrainer training a policy on drkernel's OpenEnv environment (`drkernel.integrations.openenv`).
 
-    python examples/trl_openenv_grpo.py --model PATH [--tasks examples/tasks] [--env-url http://HOST:8000]
+    python examples/trl_openenv_grpo.py --model PATH [--route tools|turns] [--tasks examples/tasks]
+        [--env-url http://HOST:8000] [--use-vllm]
 
-Every episode goes through openenv-core's client: to a server at `--env-url` (drkernel.integrations.openenv's
-`create_server`, run elsewhere), or else to one this script serves on the loopback, judging on the embedded
-scheduler. `reset(task=KEY)` gives the first chat, each `step(KernelAction(answer))` judges one answer with
-drkernel's verdicts and gives the next turn's chat, `done` after the episode's last turn (`--turns`, 3 as the paper
-trains, for the script's own server; the server's own setting behind `--env-url`).
+Every episode goes through openenv-core's client: to a server at `--env-url` (`drkernel-openenv`, run elsewhere),
+or else to one this script serves on the loopback, judging on the embedded scheduler. `reset(task=KEY)` gives the
+first chat, each `step(KernelAction(answer))` judges one answer with drkernel's verdicts, `done` after the episode's
+last turn (`--turns`, 3 as the paper trains, for the script's own server; the server's own setting behind
+`--env-url`). GRPO takes one reward per completion: the episode's return, the sum of its turns' rewards. Per-turn
+credit (TRLOO, the paper's), PRS, MRS and the void-turn rule are `drkernel train`'s, not this script's.
 
-TRL 1.16 offers two ways to put an environment under GRPOTrainer. `environment_factory` exposes the environment's
-methods as tools that the model must call in its chat template's tool-call syntax; drkernel's environment takes a
-whole answer (a ModelNew in a python block, as its prompts ask), so this example uses the other one, `rollout_func`
-(experimental in TRL), which is multi-turn:
+Two routes into the trainer (tested with TRL 1.16):
 
-- each turn's answers are sampled by TRL's own per-turn sampler (`GRPOTrainer._generate_single_turn`, the one its
-  tool-calling loop uses: transformers `generate` or vLLM, with the trainer's sampling settings; a private method,
-  so this is pinned to TRL 1.16), `--max-completion-length` tokens at most per turn;
-- every answer goes to the environment, which judges it; the tokens that the next turn's chat adds (the end of the
-  answer, the feedback, the opening of the next answer) join the completion with env_mask 0, so the loss skips them;
-  this needs a chat template that renders earlier turns verbatim (ChatML does) and the environment's `full` context
-  policy (its default), and is refused otherwise (`drkernel train` lays out its own rollouts the same way);
-- GRPO takes one reward per completion: here the episode's return, the sum of the rewards the environment gave its
-  turns. Per-turn credit (TRLOO, the paper's), PRS, MRS and the void-turn rule are in `drkernel train`, not here.
+- `--route tools` (default): TRL's `environment_factory`, its documented route for OpenEnv. Each rollout gets a
+  `KernelTools`; the model submits a kernel by calling its `submit_kernel` tool and reads the verdict as the tool's
+  reply, at most `--turns` times; TRL's own tool loop samples, masks the tool replies and renders the chat (with its
+  prefix-preserving training template for Qwen3 and the other templates it knows). The policy's chat template must
+  support tool calls.
+- `--route turns`: TRL's `rollout_func`, which adds what the tool route cannot: drkernel's own turn format (a whole
+  answer per turn, the feedback as the next user message, as the paper and `drkernel train` lay out an episode) for
+  any chat template, tool calls or not. Each turn is sampled by TRL's per-turn sampler
+  (`GRPOTrainer._generate_single_turn`, private: hence TRL is pinned to 1.16 in drkernel's extras); the model's
+  answers join the completion verbatim under env_mask 1, and between them the tokens the chat template puts after
+  an assistant message (its end, the feedback, the next generation prompt) under env_mask 0. The earlier turns are
+  never re-rendered, so templates that rewrite them (Qwen3 strips earlier turns' reasoning) train as they sample.
+
+`--use-vllm` samples with vLLM in the trainer's process (TRL's colocate mode); it needs vLLM installed (CUDA only)
+and is refused without it. Without it, TRL samples with transformers' `generate`.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import importlib.util
 import json
 import threading
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
@@ -40,14 +46,68 @@ import uvicorn
 from datasets import Dataset
 from trl import GRPOConfig, GRPOTrainer
 
-from drkernel.scheduling.evaluator import BackendEvaluator
-from drkernel.integrations.openenv import EpisodeConfig, KernelAction, KernelEnvClient, KernelObservation, create_server
+from drkernel.agent.evaluate import BackendEvaluator
+from drkernel.agent.replay import fenced
+from drkernel.integrations.openenv import (CLIENT_TIMEOUT_S, EpisodeConfig, KernelAction, KernelEnvClient,
+                                           KernelObservation, create_server)
 from drkernel.runner.devices import resolve_device
 from drkernel.scheduling.scheduler import Scheduler
 from drkernel.schema import EvalOptions
 from drkernel.tasks import Task, load_task_dir
 
 T = TypeVar("T")
+ROUTES = ("tools", "turns")
+# Marks where an assistant message's content ends in a rendered chat; no answer contains it.
+ANSWER_END = "\u2063drkernel-answer-end\u2063"
+
+
+class KernelTools:
+    """TRL's `environment_factory` object: one per concurrent rollout, kept across steps. TRL calls `reset` with the
+    dataset row's fields, offers the public methods as tools, and calls `get_reward` once the rollout ends."""
+
+    def __init__(self, url: str, timeout_s: float = CLIENT_TIMEOUT_S) -> None:
+        self.client = KernelEnvClient(base_url=url, message_timeout_s=timeout_s).sync()
+        self.client.connect()
+        self.rewards: list[float] = []
+        self.done = False
+
+    def reset(self, task: str, **_: Any) -> str:
+        self.client.reset(task=task)
+        self.rewards, self.done = [], False
+        return ("\n\nSubmit your ModelNew by calling the submit_kernel tool with the module's full source: its verdict "
+                "comes back, and you may fix the kernel and submit again while submissions remain.")
+
+    def submit_kernel(self, code: str) -> str:
+        """Judge a Triton kernel: check its output against the reference model and time it.
+
+        Args:
+            code: The complete Python source of a module defining `class ModelNew(nn.Module)` that computes what the
+                reference `Model` computes, with Triton kernels.
+
+        Returns:
+            The verdict: correct or not, why, and the speedup over the reference when correct.
+        """
+        if self.done:
+            return "The episode is over: no more submissions are judged."
+        result = self.client.step(KernelAction(answer=fenced(code)))
+        self.rewards.append(float(result.reward or 0.0))
+        self.done = result.done
+        return result.observation.feedback
+
+    def get_reward(self) -> float:
+        """The episode's return: the sum of its submissions' rewards (0 when the model submitted nothing)."""
+        return sum(self.rewards)
+
+
+def environment_suffix(tokenizer: Any, messages: list[dict[str, str]], **template_kwargs: Any) -> str:
+    """What the chat template writes after an assistant message's content when `messages` follow it, up to the next
+    generation prompt: the end of that turn, the environment's messages, the opening of the next answer. Rendered
+    after a placeholder exchange, so the earlier turns are never rendered again (Qwen3's template, for one, renders
+    an earlier turn differently once a user message follows it)."""
+    placeholder = [{"role": "user", "content": "task"}, {"role": "assistant", "content": ANSWER_END}]
+    text = tokenizer.apply_chat_template(placeholder + messages, tokenize=False, add_generation_prompt=True,
+                                         **template_kwargs)
+    return text[text.rindex(ANSWER_END) + len(ANSWER_END):]
 
 
 class EnvConnection:
@@ -89,7 +149,7 @@ class Episode:
 
     task: str
     prompt_ids: list[int]
-    text: str  # the rendered prompt and completion so far, which the next turn's chat must extend
+    messages: list[dict[str, str]]  # the chat so far, as the environment shows it
     completion_ids: list[int] = field(default_factory=list)
     env_mask: list[int] = field(default_factory=list)
     logprobs: list[float] | None = field(default_factory=list)  # the sampler's, 0 on the environment's tokens
@@ -114,25 +174,18 @@ class EnvironmentRollout:
     """TRL's `rollout_func`: plays an episode of the environment for each prompt it is given.
 
     One connection per concurrent rollout, kept across steps; every connection's turn is judged at once (the evaluator's
-    queue orders the work). One event loop for the whole run, because a client's WebSocket belongs to the loop that
-    opened it.
+    queue orders the work).
     """
 
-    def __init__(self, new_connection: Callable[[], EnvConnection]) -> None:
+    def __init__(self, new_connection: Callable[[], EnvConnection], dataset: Dataset) -> None:
         self.new_connection = new_connection
         self.connections: list[EnvConnection] = []
-        self.task_of: dict[str, str] = {}  # the first chat (as JSON) -> its task's key
+        self.task_of = {_prompt_key(row["prompt"]): row["task"] for row in dataset}  # first chat (JSON) -> task
+        # One event loop for the whole run, always running in a thread of its own: a client's WebSocket belongs to
+        # the loop that opened it, and that loop must answer the server's keepalive pings while the model samples.
         self.loop = asyncio.new_event_loop()
-
-    def dataset(self, keys: Sequence[str]) -> Dataset:
-        """One row per task: the first chat, as the environment gives it, in TRL's conversational `prompt`."""
-        self._grow(1)
-        rows = []
-        for key in keys:
-            messages = self.loop.run_until_complete(self.connections[0].reset(key)).messages
-            self.task_of[_prompt_key(messages)] = key
-            rows.append({"prompt": messages})
-        return Dataset.from_list(rows)
+        self._thread = threading.Thread(target=self.loop.run_forever, daemon=True, name="openenv-connections")
+        self._thread.start()
 
     def __call__(self, prompts: list[list[dict[str, str]]], trainer: GRPOTrainer) -> dict[str, Any]:
         tokenizer = trainer.processing_class
@@ -143,13 +196,14 @@ class EnvironmentRollout:
             keys.append(self.task_of[_prompt_key(prompt)])
         self._grow(len(prompts))
         connections = self.connections[: len(prompts)]
-        first = self.loop.run_until_complete(_gather(c.reset(k) for c, k in zip(connections, keys)))
+        first = self._run(_gather(s.reset(k) for s, k in zip(connections, keys)))
         episodes = []
         for key, prompt, observation in zip(keys, prompts, first):
             if observation.messages != prompt:
                 raise RuntimeError(f"the environment's first chat for {key} changed since the dataset was built")
-            text = self._render(trainer, observation.messages)
-            episodes.append(Episode(key, tokenizer(text, add_special_tokens=False)["input_ids"], text))
+            text = tokenizer.apply_chat_template(observation.messages, tokenize=False, add_generation_prompt=True,
+                                                 **trainer.chat_template_kwargs)
+            episodes.append(Episode(key, tokenizer(text, add_special_tokens=False)["input_ids"], observation.messages))
         # Every episode of a run has the same number of turns, so each process samples as many times as the others
         # (TRL's vLLM server mode gathers every process's prompts for each call).
         while live := [i for i, e in enumerate(episodes) if not e.done]:
@@ -162,12 +216,11 @@ class EnvironmentRollout:
                 episode.env_mask += [1] * len(ids)
                 if episode.logprobs is not None:
                     episode.logprobs = episode.logprobs + list(logprobs[n]) if logprobs is not None else None
-                episode.text += _decode(tokenizer, ids)
-                spoken = ids[:-1] if ids and ids[-1] in trainer.eos_token_ids else ids  # the answer, less its end
-                responses.append(_decode(tokenizer, spoken))
-            steps = _gather(connections[i].step(r) for i, r in zip(live, responses))
-            for i, observation in zip(live, self.loop.run_until_complete(steps)):
-                self._take(trainer, episodes[i], observation)
+                ended = bool(ids) and ids[-1] in trainer.eos_token_ids
+                responses.append((_decode(tokenizer, ids[:-1] if ended else ids), ended))
+            steps = _gather(connections[i].step(answer) for i, (answer, _) in zip(live, responses))
+            for i, (answer, ended), observation in zip(live, responses, self._run(steps)):
+                self._take(trainer, episodes[i], answer, ended, observation)
         with_logprobs = all(e.logprobs is not None for e in episodes)
         return {
             "prompt_ids": [e.prompt_ids for e in episodes],
@@ -177,40 +230,52 @@ class EnvironmentRollout:
             "env_return": [sum(e.rewards) for e in episodes],
         }
 
-    def _take(self, trainer: GRPOTrainer, episode: Episode, observation: KernelObservation) -> None:
-        """Record a judged turn; unless the episode is done, append what the next turn's chat adds as env tokens."""
+    def _take(self, trainer: GRPOTrainer, episode: Episode, answer: str, ended: bool,
+              observation: KernelObservation) -> None:
+        """Record a judged turn; unless the episode is done, append what the next turn's chat adds after the answer
+        (the model's tokens stay as sampled) as env tokens."""
         if observation.reward is None:
             raise RuntimeError(f"the environment judged an answer for {episode.task} without a reward")
         episode.rewards.append(float(observation.reward))
         episode.done = observation.done
         if episode.done:
             return
-        text = self._render(trainer, observation.messages)
-        if not text.startswith(episode.text):
-            raise ValueError(
-                "the next turn's chat, rendered, does not extend the previous prompt plus the answer, so the turns "
-                "cannot be trained as one sequence: use the environment's `full` context policy and a chat template "
-                "that renders earlier assistant messages verbatim (ChatML does; templates that strip reasoning do not)"
-            )
-        ids = trainer.processing_class(text[len(episode.text):], add_special_tokens=False)["input_ids"]
+        shown = episode.messages + [{"role": "assistant", "content": answer}]
+        if observation.messages[:len(shown)] != shown:
+            raise ValueError("the next turn's chat does not show every earlier turn verbatim, so the turns cannot be "
+                             "trained as one sequence: serve the environment with its `full` context policy")
+        tokenizer = trainer.processing_class
+        suffix = environment_suffix(tokenizer, observation.messages[len(shown):], **trainer.chat_template_kwargs)
+        end_of_turn = tokenizer.eos_token or ""
+        if ended and end_of_turn and suffix.startswith(end_of_turn):
+            suffix = suffix[len(end_of_turn):]  # the sampled answer already ends its turn
+        ids = tokenizer(suffix, add_special_tokens=False)["input_ids"]
         episode.completion_ids += ids
         episode.env_mask += [0] * len(ids)
         if episode.logprobs is not None:
             episode.logprobs += [0.0] * len(ids)
-        episode.text = text
-
-    @staticmethod
-    def _render(trainer: GRPOTrainer, messages: list[dict[str, str]]) -> str:
-        return trainer.processing_class.apply_chat_template(
-            messages, tokenize=False, add_generation_prompt=True, **trainer.chat_template_kwargs)
+        episode.messages = observation.messages
 
     def _grow(self, count: int) -> None:
         while len(self.connections) < count:
             self.connections.append(self.new_connection())
 
     def close(self) -> None:
-        self.loop.run_until_complete(_gather(c.close() for c in self.connections))
+        self._run(_gather(s.close() for s in self.connections))
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join()
         self.loop.close()
+
+    def _run(self, awaitable: Awaitable[T]) -> T:
+        return asyncio.run_coroutine_threadsafe(awaitable, self.loop).result()
+
+
+def task_dataset(url: str, keys: Sequence[str], timeout_s: float) -> Dataset:
+    """One row per task: its first chat, as the environment gives it, in TRL's conversational `prompt`, and its key
+    in `task` (which TRL passes to `KernelTools.reset`)."""
+    with KernelEnvClient(base_url=url, message_timeout_s=timeout_s).sync() as client:
+        return Dataset.from_list([{"prompt": client.reset(task=key).observation.messages, "task": key}
+                                  for key in keys])
 
 
 def environment_return(completions: list[Any], env_return: list[float], **_: Any) -> list[float]:
@@ -221,13 +286,18 @@ def environment_return(completions: list[Any], env_return: list[float], **_: Any
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", required=True, help="a causal LM folder or hub id, loaded by from_pretrained")
+    p.add_argument("--route", choices=ROUTES, default="tools",
+                   help="tools: TRL's environment_factory (the model calls submit_kernel); turns: rollout_func, a "
+                        "whole answer per turn (any chat template)")
+    p.add_argument("--use-vllm", action="store_true", help="sample with vLLM in this process (needs vLLM, CUDA)")
     p.add_argument("--tasks", type=Path, default=Path("examples/tasks"),
                    help="task folder; behind --env-url, the tasks to ask the server for (its set must hold them)")
     p.add_argument("--task", action="append", default=[], metavar="KEY", help="train on this task only (repeatable)")
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
                    help="where the policy trains and the server served here judges")
     p.add_argument("--env-url", help="a drkernel OpenEnv server to use instead of serving one here")
-    p.add_argument("--env-timeout-s", type=float, default=600.0, help="how long to wait for the server's answer")
+    p.add_argument("--env-timeout-s", type=float, default=CLIENT_TIMEOUT_S,
+                   help="how long to wait for the server's reply to one answer (its evaluation and the queue)")
     p.add_argument("--turns", type=int, default=3, help="answers per episode (the server served here)")
     p.add_argument("--eval-timeout-s", type=float, default=180.0, help="limit of one evaluation (served here)")
     p.add_argument("--max-steps", type=int, default=100, help="optimizer steps")
@@ -246,6 +316,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.turns < 1 or args.max_steps < 1 or args.num_generations < 2 or args.max_completion_length < 1:
         p.error("--turns, --max-steps and --max-completion-length must be positive, --num-generations at least 2")
+    if args.use_vllm and importlib.util.find_spec("vllm") is None:
+        p.error("--use-vllm needs vLLM, which is not installed (pip install vllm: CUDA only); without the flag, TRL "
+                "samples with transformers")
     return args
 
 
@@ -282,15 +355,20 @@ def grpo_config(args: argparse.Namespace, device: str) -> GRPOConfig:
         logging_steps=1,
         save_strategy="no",
         report_to=args.report_to,
+        use_vllm=args.use_vllm,
+        vllm_mode="colocate",
+        max_tool_calling_iterations=args.turns if args.route == "tools" else None,
     )
 
 
-def train(args: argparse.Namespace, new_connection: Callable[[str], EnvConnection] | None = None) -> GRPOTrainer:
+def train(args: argparse.Namespace, new_connection: Callable[[str], EnvConnection] | None = None,
+          new_tools: Callable[[str], KernelTools] | None = None) -> GRPOTrainer:
     """Build the trainer and run `args.max_steps` steps on the server at `--env-url`, or on one served here;
-    `new_connection(url)` opens each connection (tests wrap them to watch the episodes)."""
+    `new_connection(url)` and `new_tools(url)` open each rollout's client (tests wrap them to watch the episodes)."""
     device = resolve_device(args.device)
     tasks = select_tasks(args.tasks, args.task)
     new_connection = new_connection or (lambda url: EnvConnection(url, args.env_timeout_s))
+    new_tools = new_tools or (lambda url: KernelTools(url, args.env_timeout_s))
     with contextlib.ExitStack() as stack:
         url = args.env_url
         if url is None:
@@ -298,15 +376,16 @@ def train(args: argparse.Namespace, new_connection: Callable[[str], EnvConnectio
             options = EvalOptions(device=device, timeout_s=args.eval_timeout_s, measure_performance=device == "cuda")
             app = create_server(tasks, BackendEvaluator(scheduler, options), EpisodeConfig(turns=args.turns))
             url = stack.enter_context(local_server(app))
-        rollout = EnvironmentRollout(lambda: new_connection(url))
-        stack.callback(rollout.close)
-        trainer = GRPOTrainer(
-            model=args.model,
-            reward_funcs=[environment_return],
-            args=grpo_config(args, device),
-            train_dataset=rollout.dataset([t.key for t in tasks]),
-            rollout_func=rollout,
-        )
+        dataset = task_dataset(url, [t.key for t in tasks], args.env_timeout_s)
+        if args.route == "tools":
+            opened: list[KernelTools] = []
+            stack.callback(lambda: [tools.client.close() for tools in opened])
+            route: dict[str, Any] = {"environment_factory": lambda: opened.append(new_tools(url)) or opened[-1]}
+        else:
+            rollout = EnvironmentRollout(lambda: new_connection(url), dataset)
+            stack.callback(rollout.close)
+            route = {"reward_funcs": [environment_return], "rollout_func": rollout}
+        trainer = GRPOTrainer(model=args.model, args=grpo_config(args, device), train_dataset=dataset, **route)
         trainer.train()
         return trainer
 

@@ -23,10 +23,11 @@ fi
 "$VENV/bin/pip" install -q -e ".[$EXTRAS]"
 if [[ ",$EXTRAS," == *,dev,* ]]; then
     # verl for the plugin's tests, without its declared dependencies: verl 0.9.1 pins transformers<5.11 (and with it
-    # an older huggingface_hub and tokenizers than the rest of the suite runs on) and pulls wandb, tensorboard, peft,
-    # torchdata and ray[default], none of which the modules the plugin uses import. `dev` lists the ones they do
-    # (tensordict, hydra-core, codetiming). `pip install drkernel[verl]` installs verl with all its dependencies.
-    VERL=$(grep -o '"verl==[^"]*"' pyproject.toml | tr -d '"')
+    # an older huggingface_hub and tokenizers than the rest of the suite runs on) and pulls wandb and tensorboard,
+    # which none of the modules the tests import need. `dev` lists the ones they do (tensordict, hydra-core,
+    # codetiming, and TransferQueue and torchdata for the v1 trainer). `pip install drkernel[verl]` installs verl
+    # with all its dependencies, in an environment of its own (docs/integrations.md).
+    VERL=verl$(grep -o '"verl\[verl-core\]==[^"]*"' pyproject.toml | grep -o '==[^"]*')
     echo "setup: installing $VERL without its dependencies (see scripts/setup-venv.sh)"
     "$VENV/bin/pip" install -q --no-deps "$VERL"
 fi

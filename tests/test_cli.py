@@ -128,8 +128,9 @@ def test_serve_refuses_a_service_as_its_engine():
 
 
 def test_every_engine_is_opened_by_one_function():
-    """bench, train, eval's batches and the verl plugin open their evaluator with scheduling.evaluator.open_evaluator;
-    serve its backend with scheduling.engine.open_backend, which open_evaluator uses too."""
+    """bench, train, eval's batches, the verl plugin and the OpenEnv server open their evaluator with
+    scheduling.evaluator.open_evaluator; serve its backend with scheduling.engine.open_backend, which open_evaluator
+    uses too."""
     import drkernel
 
     package = Path(drkernel.__file__).parent
@@ -142,7 +143,8 @@ def test_every_engine_is_opened_by_one_function():
     assert openers["RayBackend("] == openers["Scheduler("] == {"scheduling/engine.py"}
     assert openers["service.client import"] == {"scheduling/evaluator.py"}
     assert openers["open_backend("] == {"scheduling/evaluator.py", "cli/serve.py"}
-    assert openers["open_evaluator("] == {"agent/bench.py", "cli/batch.py", "train/run.py", "integrations/verl.py"}
+    assert openers["open_evaluator("] == {"agent/bench.py", "cli/batch.py", "train/run.py", "integrations/verl.py",
+                                          "integrations/openenv_app.py"}
 
 
 # --- options from the configs' fields --------------------------------------------------------------------------

@@ -1,13 +1,19 @@
-"""The verl plugin against verl 0.9.1 on the CPU: the registered `trloo` estimator against `drkernel train`'s signal
-on verl's data structures, the kernel agent loop with a scripted rollout server (verl's generate interface) and
-drkernel's evaluators, PRS and the void-turn rule as masks, and the MRS mapping against verl's own rejection
-sampling."""
+"""The verl plugin against verl 0.9.1 on the CPU: the documented command's configuration through verl's own
+`validate_config` and the v1 trainer's tokenizer, datasets and loaders; the plugin found through verl's `verl.plugins`
+entry-point discovery; the registered `trloo` estimator against `drkernel train`'s signal on verl's data structures;
+the kernel agent loop with a scripted rollout server (verl's generate interface) and drkernel's evaluators; PRS and
+the void-turn rule as masks; and MRS against verl's own rejection sampling and in verl's own actor loss."""
 
 from __future__ import annotations
 
 import ast
 import asyncio
+import os
 import random
+import shlex
+import subprocess
+import sys
+import tomllib
 from pathlib import Path
 
 import numpy as np
@@ -28,6 +34,7 @@ from verl.utils.tensordict_utils import list_of_dict_to_tensordict  # noqa: E402
 from verl.workers.rollout.replica import TokenOutput  # noqa: E402
 
 import drkernel.integrations.verl as plugin  # noqa: E402
+from drkernel.integrations.verl_dataset import DatasetSpec, build_dataset, parse_spec, write_dataset  # noqa: E402
 from drkernel.agent.context import ContextPolicy, ShownTurn, build_messages  # noqa: E402
 from drkernel.agent.loop import judge_answer  # noqa: E402
 from drkernel.agent.prompts import PromptTemplates, first_turn_prompt  # noqa: E402
@@ -324,7 +331,7 @@ def test_agent_loop_refuses_bad_settings(tokenizer):
 def test_dataset_rows_name_the_agent_loop_and_the_task(tokenizer, tasks, tmp_path):
     from verl.utils.dataset.rl_dataset import RLHFDataset
 
-    path = plugin.write_dataset(tasks, tmp_path / "train.parquet")
+    path = write_dataset(tasks, tmp_path / "train.parquet")
     config = OmegaConf.create({"max_prompt_length": 4096, "cache_dir": str(tmp_path / "cache")})
     dataset = RLHFDataset(str(path), tokenizer, config)  # as verl's trainer reads data.train_files
     rows = [dataset[i] for i in range(len(dataset))]
@@ -351,6 +358,7 @@ def test_example_configuration_is_the_papers_recipe():
         config = hydra.compose(config_name="drkernel_trloo")
     actor, rollout = config.actor_rollout_ref.actor, config.actor_rollout_ref.rollout
     assert (config.data.train_batch_size, rollout.n) == (16, 16)
+    assert config.data.val_files.endswith("val.parquet") and config.data.train_files.endswith("train.parquet")
     assert (actor.optim.lr, actor.clip_ratio_low, actor.clip_ratio_high) == (1e-6, 0.2, 0.28)
     assert not actor.use_kl_loss and not config.algorithm.use_kl_in_reward and actor.kl_loss_coef == 0
     assert config.algorithm.adv_estimator == plugin.ESTIMATOR and rollout.agent.default_agent_loop == plugin.AGENT_LOOP
@@ -359,3 +367,132 @@ def test_example_configuration_is_the_papers_recipe():
     plugin._check_algorithm(config.algorithm)
     (entry,) = OmegaConf.load(REPO / rollout.agent.agent_loop_config_path)
     assert entry.name == plugin.AGENT_LOOP and entry._target_ == "drkernel.integrations.verl.KernelAgentLoop"
+
+
+# --- the documented command, as verl runs it --------------------------------------------------------------------
+
+CONFIG = REPO / "examples" / "verl" / "drkernel_trloo.yaml"
+
+
+def _documented_commands() -> tuple[list[str], list[str]]:
+    """The dataset command's arguments and the trainer command's overrides, as the example configuration's header
+    documents them (docs/integrations.md shows the same lines)."""
+    lines = [line.removeprefix("#").strip() for line in CONFIG.read_text().splitlines() if line.startswith("#")]
+    dataset = shlex.split(next(line for line in lines if "drkernel.integrations.verl_dataset" in line))
+    trainer = shlex.split(next(line for line in lines if "verl.trainer.main_ppo" in line))
+    docs = " ".join((REPO / "docs" / "integrations.md").read_text().replace("\\\n", " ").split())
+    assert " ".join(dataset) in docs and " ".join(trainer[trainer.index("--config-name"):]) in docs
+    return dataset[dataset.index("drkernel.integrations.verl_dataset") + 1:], trainer[trainer.index("--config-name") + 2:]
+
+
+@pytest.fixture(scope="module")
+def documented(tmp_path_factory, tokenizer):
+    """The documented dataset written in a fresh working folder and the documented configuration composed there as
+    `main_ppo --config-path ... --config-name drkernel_trloo OVERRIDES` composes it, the model a local tiny policy."""
+    work = tmp_path_factory.mktemp("work")
+    (work / "examples").symlink_to(REPO / "examples")
+    dataset_args, overrides = _documented_commands()
+    policy = tokenizer.name_or_path
+    overrides = [f"actor_rollout_ref.model.path={policy}" if o.startswith("actor_rollout_ref.model.path=") else o
+                 for o in overrides]
+    cwd = Path.cwd()
+    os.chdir(work)  # the paths in both commands are relative to where they run
+    try:
+        spec, out = parse_spec(dataset_args)
+        build_dataset(spec, out)
+        with hydra.initialize_config_dir(config_dir=str(CONFIG.parent), version_base=None):
+            config = hydra.compose(config_name=CONFIG.stem, overrides=overrides)
+    finally:
+        os.chdir(cwd)
+    return work, config
+
+
+@pytest.mark.slow
+def test_the_documented_command_passes_verls_validation_and_fills_the_v1_trainers_batches(documented, monkeypatch):
+    from verl.trainer.ppo.utils import need_critic, need_reference_policy
+    from verl.trainer.ppo.v1 import get_trainer_cls  # imports TransferQueue, as TaskRunnerV1 does
+    from verl.utils.config import validate_config
+
+    work, config = documented
+    monkeypatch.chdir(work)
+    validate_config(config=config, use_reference_policy=need_reference_policy(config), use_critic=need_critic(config))
+    assert config.trainer.use_v1
+    # the v1 trainer up to its workers: the replay buffer, the tokenizer, the datasets and their loaders
+    trainer = get_trainer_cls(config.trainer.v1.trainer_mode)(config=config)
+    trainer._init_tokenizer()
+    trainer._init_dataloader()
+    assert trainer.steps_per_epoch >= 1 and trainer.total_training_steps >= 1
+    batch = next(iter(trainer.train_dataloader))
+    assert len(batch["agent_name"]) == config.data.train_batch_size
+    assert set(batch["agent_name"]) == {plugin.AGENT_LOOP}
+    # every task a row names is in the task file the agent loop reads (agent_loops.yaml's `tasks`)
+    (entry,) = OmegaConf.load(REPO / config.actor_rollout_ref.rollout.agent.agent_loop_config_path)
+    keys = set(plugin._shared_tasks(str(work / entry.tasks)))
+    rows = [trainer.train_dataset[i] for i in range(len(trainer.train_dataset))]
+    rows += [trainer.val_dataset[i] for i in range(len(trainer.val_dataset))]
+    assert {r["extra_info"]["task"] for r in rows} <= keys
+
+
+def test_mrs_reaches_verls_actor_loss(documented):
+    """The composed actor config selects verl's bypass-mode loss with MRS's settings: an episode whose trainer/rollout
+    ratio leaves the bounds gets no gradient, one inside them does (with verl's default `vanilla` loss, as the
+    configuration had it before, both do)."""
+    from verl.trainer.ppo.core_algos import get_policy_loss_fn
+    from verl.utils.config import omega_conf_to_dataclass
+
+    _, config = documented
+    actor = omega_conf_to_dataclass(config.actor_rollout_ref.actor)
+    assert actor.policy_loss.loss_mode == "bypass_mode"
+    assert actor.policy_loss.rollout_correction["rollout_rs"] == plugin.mrs_rollout_correction()["rollout_rs"]
+    plugin.check_rejection_in_loss(config)
+    gen = torch.Generator().manual_seed(0)
+    rollout = -torch.rand(2, 12, generator=gen, dtype=torch.float64) * 2
+    current = rollout.clone()
+    current[1] += 0.01  # a geometric-mean ratio of 1.01, outside [0.999, 1.001]
+    advantages, mask = torch.ones_like(rollout), torch.ones_like(rollout, dtype=torch.bool)
+    grads = {}
+    for mode in ("bypass_mode", "vanilla"):
+        actor.global_batch_info.update(dp_size=1, batch_num_tokens=int(mask.sum()), global_batch_size=2,
+                                       loss_scale_factor=actor.loss_scale_factor)
+        log_prob = current.clone().requires_grad_()
+        loss, _ = get_policy_loss_fn(mode)(old_log_prob=rollout, log_prob=log_prob, advantages=advantages,
+                                           response_mask=mask, loss_agg_mode=actor.loss_agg_mode, config=actor,
+                                           rollout_is_weights=None)
+        loss.backward()
+        grads[mode] = log_prob.grad.abs().sum(dim=1)
+    assert grads["bypass_mode"][0] > 0 and grads["bypass_mode"][1] == 0
+    assert (grads["vanilla"] > 0).all()
+
+
+def test_the_agent_loop_refuses_rejection_the_loss_would_not_apply(tokenizer):
+    with hydra.initialize_config_dir(config_dir=str(CONFIG.parent), version_base=None):
+        config = hydra.compose(config_name=CONFIG.stem, overrides=["actor_rollout_ref.actor.policy_loss.loss_mode=vanilla"])
+    with pytest.raises(ValueError, match="policy_loss.loss_mode=bypass_mode"):
+        plugin.check_rejection_in_loss(config)
+
+
+def test_verl_finds_the_plugin_through_its_entry_point(tmp_path):
+    """verl's own discovery (`verl.plugins` entry points, read when `verl` is imported) registers the agent loop and
+    the estimator, with nothing but drkernel's declared entry point installed: no VERL_USE_EXTERNAL_MODULES."""
+    declared = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["entry-points"]["verl.plugins"]
+    info = tmp_path / "drkernel_entry-0.0.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: drkernel-entry\nVersion: 0.0.0\n")
+    (info / "entry_points.txt").write_text("[verl.plugins]\n" + "".join(f"{k} = {v}\n" for k, v in declared.items()))
+    probe = ("import sys, verl\n"
+             "from verl.experimental.agent_loop.agent_loop import _agent_loop_registry\n"
+             "from verl.trainer.ppo.core_algos import get_adv_estimator_fn\n"
+             "print('drkernel_kernel' in _agent_loop_registry, get_adv_estimator_fn('trloo').__module__)\n")
+    env = {k: v for k, v in os.environ.items() if k != "VERL_USE_EXTERNAL_MODULES"}
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), str(tmp_path)])
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env, timeout=300)
+    assert done.stdout.split() == ["True", "drkernel.integrations.verl"], done.stderr[-2000:]
+
+
+def test_the_dataset_builder_refuses_a_set_smaller_than_a_batch(tmp_path):
+    with pytest.raises(ValueError, match="do not fill one batch of 16"):
+        build_dataset(DatasetSpec(task_sources=(str(REPO / "examples" / "tasks"),)), tmp_path)
+    with pytest.raises(ValueError, match="none of its 5 tasks is of level 1"):
+        DatasetSpec(task_sources=(str(REPO / "examples" / "tasks"),), levels=(1,)).train_tasks()
+    with pytest.raises(ValueError, match="no tasks"):
+        DatasetSpec()

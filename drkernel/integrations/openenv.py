@@ -7,7 +7,9 @@ drawn from the server's task set with the client's seed); each `step` takes the 
 returns the reward, the full result and the chat to show the model next (the context policy of `drkernel bench`
 applied). The episode is done after `EpisodeConfig.turns` answers.
 
-Two ways to serve it:
+Three ways to serve it:
+- `drkernel-openenv` (drkernel.integrations.openenv_app): the environment with default tasks and its own engine,
+  the app OpenEnv's manifest (envs/drkernel_env/openenv.yaml) names;
 - `create_server(tasks, evaluator, ...)`: the environment alone, judging with the evaluator it is given (the
   embedded scheduler, Ray, or a `drkernel serve` service through `ServiceEvaluator`);
 - `create_service(dispatcher, tasks, ...)`: `drkernel serve`'s own app (its store, backend and token) with the
@@ -33,8 +35,10 @@ from openenv.core import EnvClient
 from openenv.core.client_types import StepResult
 from openenv.core.env_server.http_server import create_app
 from openenv.core.env_server.interfaces import Environment
-from openenv.core.env_server.types import Action, Observation, State
+from openenv.core.env_server.types import Action, EnvironmentMetadata, Observation, State
 from pydantic import Field
+from starlette.requests import Request
+from starlette.responses import JSONResponse
 
 from drkernel.agent.context import ContextPolicy, ShownTurn, build_messages
 from drkernel.scheduling.evaluator import Evaluator
@@ -44,6 +48,13 @@ from drkernel.errors import UsageError
 from drkernel.rl import RewardConfig
 from drkernel.schema import EvalOptions, EvalRequest, EvalResult
 from drkernel.tasks import Task
+
+ENV_NAME = "drkernel_env"  # OpenEnv's name for it (envs/drkernel_env: manifest, package, image)
+DOCS = "docs/integrations.md"  # in drkernel's source tree, where the environment is documented
+# How long a client waits for one reply: an answer's evaluation may take its limit (EvalOptions.timeout_s, 180 s)
+# after waiting for the evaluations queued before it (every connection's answers share one engine), so openenv-core's
+# 60 s default would give up on evaluations that are still running.
+CLIENT_TIMEOUT_S = 900.0
 
 
 class KernelAction(Action):
@@ -131,6 +142,14 @@ class KernelEnvironment(Environment[KernelAction, KernelObservation, KernelState
     def state(self) -> KernelState:
         return self._state
 
+    def get_metadata(self) -> EnvironmentMetadata:
+        from drkernel import __version__
+
+        return EnvironmentMetadata(
+            name=ENV_NAME, version=__version__, documentation_url=DOCS, readme_content=__doc__,
+            description=f"Triton kernel episodes judged by drkernel (KernelGym): {len(self.tasks)} tasks, "
+                        f"{self.config.turns} turns; reset(task=KEY or seed=S), then step(KernelAction(answer))")
+
     def _messages(self) -> list[dict[str, str]]:
         assert self._task is not None
         messages, _ = build_messages(first_turn_prompt(self._task.code, self.config.templates), self._shown,
@@ -141,20 +160,27 @@ class KernelEnvironment(Environment[KernelAction, KernelObservation, KernelState
 OPENENV_PATH = "/openenv"  # where create_service serves the environment
 
 
+async def _refused_episode(request: Request, exc: Exception) -> JSONResponse:
+    """An episode error is the client's (409: nothing was judged, the episode is as it was), not a server fault."""
+    return JSONResponse({"detail": str(exc)}, status_code=409)
+
+
 def _environment_app(tasks: Sequence[Task], evaluator: Evaluator, config: EpisodeConfig | None,
-                     max_sessions: int) -> Any:
-    return create_app(lambda: KernelEnvironment(tasks, evaluator, config), KernelAction, KernelObservation,
-                      env_name="drkernel", max_concurrent_envs=max_sessions)
+                     max_episodes: int) -> Any:
+    app = create_app(lambda: KernelEnvironment(tasks, evaluator, config), KernelAction, KernelObservation,
+                     env_name=ENV_NAME, max_concurrent_envs=max_episodes)
+    app.add_exception_handler(EpisodeError, _refused_episode)
+    return app
 
 
 def create_server(tasks: Sequence[Task], evaluator: Evaluator, config: EpisodeConfig | None = None,
-                  max_sessions: int = 64, token: str | None = None) -> Any:
+                  max_episodes: int = 64, token: str | None = None) -> Any:
     """The OpenEnv app (FastAPI) serving episodes over `tasks`; one environment per client connection. With `token`,
     every request and WebSocket must carry `Authorization: Bearer <token>`, as `drkernel serve` asks (openenv-core's
     own client sends no headers: behind a token, use a client that does, or keep the server on a private network)."""
     from drkernel.service.app import MAX_BODY_BYTES, Guard
 
-    app = _environment_app(tasks, evaluator, config, max_sessions)
+    app = _environment_app(tasks, evaluator, config, max_episodes)
     app.add_middleware(Guard, token=token, max_body=MAX_BODY_BYTES)
     return app
 
@@ -177,7 +203,7 @@ class DispatcherEvaluator:
 
 
 def create_service(dispatcher: Any, tasks: Sequence[Task], config: EpisodeConfig | None = None,
-                   options: EvalOptions | None = None, max_sessions: int = 64, token: str | None = None) -> Any:
+                   options: EvalOptions | None = None, max_episodes: int = 64, token: str | None = None) -> Any:
     """`drkernel serve`'s app around `dispatcher` (/v1/evaluations, KernelGYM's /evaluate, /metrics; its store, its
     backend's confinement, its token on every path) with the environment at OPENENV_PATH, judging through the
     dispatcher (`DispatcherEvaluator`) with `options`. The app starts and closes the dispatcher."""
@@ -185,12 +211,16 @@ def create_service(dispatcher: Any, tasks: Sequence[Task], config: EpisodeConfig
 
     evaluator = DispatcherEvaluator(dispatcher, options or EvalOptions())
     app = create_service_app(dispatcher, token)
-    app.mount(OPENENV_PATH, _environment_app(tasks, evaluator, config, max_sessions))
+    app.mount(OPENENV_PATH, _environment_app(tasks, evaluator, config, max_episodes))
     return app
 
 
 class KernelEnvClient(EnvClient[KernelAction, KernelObservation, KernelState]):
-    """openenv-core's client for this environment (a WebSocket connection per client: one episode at a time)."""
+    """openenv-core's client for this environment (a WebSocket connection per client: one episode at a time), waiting
+    CLIENT_TIMEOUT_S for a reply unless told otherwise."""
+
+    def __init__(self, base_url: str, message_timeout_s: float = CLIENT_TIMEOUT_S, **kwargs: Any) -> None:
+        super().__init__(base_url, message_timeout_s=message_timeout_s, **kwargs)
 
     def _step_payload(self, action: KernelAction) -> dict[str, Any]:
         return {"answer": action.answer}

@@ -29,8 +29,9 @@ baseline; the estimator gives its tokens advantage 0 instead, which under the cl
 terms gives them no gradient, as leaving them out does. Left-out and void turns still count in their group's
 baseline, as in `drkernel train`.
 
-MRS maps onto verl's `bypass_ppo_clip_geo_rs` preset plus a `seq_max_k2` veto (`mrs_rollout_correction`), tested
-on whole episodes; `drkernel train` tests each turn on its own tokens, which verl cannot express. Decoupled rejection
+MRS maps onto verl's `bypass_ppo_clip_geo_rs` preset plus a `seq_max_k2` veto (`mrs_rollout_correction`), which
+the v1 trainer applies only in the actor's `bypass_mode` loss (`actor.policy_loss`; the agent loop refuses a config
+that leaves it out: `check_rejection_in_loss`), tested on whole episodes; `drkernel train` tests each turn on its own tokens, which verl cannot express. Decoupled rejection
 sampling masks rows before the advantages, which would hide their turns, and an in-reward KL puts a value on every
 token: the estimator refuses both.
 """
@@ -45,7 +46,6 @@ import random
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
-from pathlib import Path
 from typing import Any
 from uuid import uuid4
 
@@ -58,6 +58,7 @@ from drkernel.agent.context import ContextPolicy, ShownTurn, build_messages
 from drkernel.scheduling.evaluator import Evaluator, open_evaluator
 from drkernel.agent.loop import JudgedAnswer, judge_answer
 from drkernel.agent.prompts import PromptTemplates, first_turn_prompt
+from drkernel.integrations.verl_dataset import AGENT_LOOP
 from drkernel.rl import RewardConfig, measured_coverage, prs_keep_mask
 from drkernel.scheduling.engine import EngineConfig
 from drkernel.schema import EvalOptions
@@ -65,9 +66,7 @@ from drkernel.tasks import Task, load_tasks
 from drkernel.train.rollout import RetryingEvaluator
 from drkernel.train.signals import JudgedTurn, advantages, turn_returns, void_turns
 
-AGENT_LOOP = "drkernel_kernel"
 ESTIMATOR = "trloo"
-DATA_SOURCE = "drkernel"
 
 # extra_fields of an episode's AgentLoopOutput (verl keeps them per row)
 TURN_SCORES = "turn_scores"  # verl's own key for per-turn rewards
@@ -209,7 +208,7 @@ class _Episode:
 @register(AGENT_LOOP)
 class KernelAgentLoop(AgentLoopBase):
     """The multi-turn kernel episode. verl passes the dataset row's fields to `run`; the row names its task in
-    `extra_info["task"]` (`write_dataset` writes such rows), and the episode's first prompt is drkernel's."""
+    `extra_info["task"]` (`drkernel.integrations.verl_dataset` writes such rows), and the episode's first prompt is drkernel's."""
 
     def __init__(
         self,
@@ -230,6 +229,7 @@ class KernelAgentLoop(AgentLoopBase):
         if not self.config.get("trainer", {}).get("use_v1", True):
             raise ValueError("the drkernel agent loop needs verl's v1 trainer (trainer.use_v1=true): the legacy "
                              "trainer keeps only an episode's total reward, and the trloo estimator needs each turn's")
+        check_rejection_in_loss(self.config)
         self.episode = KernelEpisodeConfig.from_settings(settings)
         self.tasks = _shared_tasks(self.episode.tasks)
         self.evaluator = RetryingEvaluator(evaluator or _shared_evaluator(self.episode), self.episode.evaluator_retries,
@@ -419,6 +419,23 @@ def compute_trloo_advantage(
     return (token_advantages * mask).to(dtype), (token_returns * mask).to(dtype)
 
 
+def check_rejection_in_loss(config: Any) -> None:
+    """Refuse bypass-mode rejection sampling that the actor's loss would never apply: verl's v1 trainer only swaps in
+    the rollout's log-probs, and the rejection runs in the `bypass_mode` policy loss, which reads its settings from
+    `actor.policy_loss.rollout_correction` (verl's legacy trainer set both; the v1 trainer sets neither)."""
+    correction = (config.get("algorithm") or {}).get("rollout_correction") or {}
+    if not correction.get("bypass_mode") or not (correction.get("rollout_rs") or correction.get("rollout_is")):
+        return
+    loss = ((config.get("actor_rollout_ref") or {}).get("actor") or {}).get("policy_loss") or {}
+    in_loss = loss.get("rollout_correction") or {}
+    if loss.get("loss_mode") != "bypass_mode" or any(in_loss.get(k) != correction.get(k)
+                                                      for k in ("rollout_rs", "rollout_rs_threshold", "rollout_is")):
+        raise ValueError("algorithm.rollout_correction asks for rejection in bypass mode, but verl's v1 trainer "
+                         "applies it only in the actor's loss: set actor_rollout_ref.actor.policy_loss.loss_mode="
+                         "bypass_mode and actor_rollout_ref.actor.policy_loss.rollout_correction="
+                         "${algorithm.rollout_correction} (examples/verl/drkernel_trloo.yaml does)")
+
+
 def mrs_rollout_correction(low: float = 0.999, high: float = 1.001, veto: float = 1e-4) -> dict[str, Any]:
     """`algorithm.rollout_correction` for MRS (`drkernel.rl.mismatch_keep_mask`) on whole episodes: verl's
     `bypass_ppo_clip_geo_rs` preset with bounds that keep exactly a geometric-mean trainer/rollout ratio in
@@ -434,24 +451,3 @@ def mrs_rollout_correction(low: float = 0.999, high: float = 1.001, veto: float 
         "bypass_mode": True,
         "loss_type": "ppo_clip",
     }
-
-
-def dataset_rows(tasks: Sequence[Task], templates: PromptTemplates = PromptTemplates()) -> list[dict[str, Any]]:
-    """verl RL dataset rows, one per task: the first prompt (for verl's length filter; the agent loop builds its own
-    from the task), the agent loop's name and the task's key (in `extra_info`, which the agent loop reads, and as
-    `reward_model.ground_truth`, which verl's v1 trainer reads when it logs generations: the rewards are the agent
-    loop's)."""
-    return [{"data_source": DATA_SOURCE, "prompt": [{"role": "user", "content": first_turn_prompt(t.code, templates)}],
-             "agent_name": AGENT_LOOP, "reward_model": {"style": DATA_SOURCE, "ground_truth": t.key},
-             "extra_info": {"task": t.key, "index": i}} for i, t in enumerate(tasks)]
-
-
-def write_dataset(tasks: Sequence[Task], path: str | Path, templates: PromptTemplates = PromptTemplates()) -> Path:
-    """`dataset_rows` as the parquet file verl's `data.train_files` reads."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    pq.write_table(pa.Table.from_pylist(dataset_rows(tasks, templates)), path)
-    return path

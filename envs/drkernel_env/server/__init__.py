@@ -1,0 +1,1 @@
+"""The server side of the environment: `server.app:app`, as the manifest names it."""
