@@ -46,7 +46,7 @@ import uvicorn
 from datasets import Dataset
 from trl import GRPOConfig, GRPOTrainer
 
-from drkernel.agent.evaluate import BackendEvaluator
+from drkernel.scheduling.evaluator import BackendEvaluator
 from drkernel.agent.replay import fenced
 from drkernel.integrations.openenv import (CLIENT_TIMEOUT_S, EpisodeConfig, KernelAction, KernelEnvClient,
                                            KernelObservation, create_server)

@@ -160,7 +160,7 @@ def test_the_command_line_trains_on_the_tool_route_behind_a_server(example, poli
 def test_kernel_tools_judge_submissions_as_trl_calls_them(example, tmp_path: Path) -> None:
     """What TRL's tool loop does with an environment: reset with the dataset row, call the tool with the parsed
     arguments, read the reward at the end (here with the real evaluator on the CPU)."""
-    from drkernel.agent.evaluate import BackendEvaluator
+    from drkernel.scheduling.evaluator import BackendEvaluator
     from drkernel.scheduling.scheduler import Scheduler
     from drkernel.schema import EvalOptions
 

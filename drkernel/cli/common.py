@@ -4,6 +4,8 @@ parsers of their arguments. The commands import this module, never each other or
 from __future__ import annotations
 
 import functools
+import ipaddress
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -98,3 +100,24 @@ def warn_if_confinement_incomplete(engine_kind: str) -> None:
     warning = missing_warning(check_layers())
     if warning:
         err.print(f"[yellow]warning:[/yellow] {escape(warning)}")
+
+
+def serving_token(host: str, token_env: str, risk: str, named: bool = False) -> str | None:
+    """The bearer token in `token_env`; without one (and without named clients) only loopback is served."""
+    token = os.environ.get(token_env) or None
+    if token is None and not named and not is_loopback(host):
+        raise UsageError(f"refusing to serve on {host} without a token: anyone who reaches it could {risk}. "
+                         f"Set {token_env} (clients then send 'Authorization: Bearer <token>'), or bind to 127.0.0.1.")
+    if token is None and not named:
+        err.print(f"[yellow]no token in ${token_env}:[/yellow] serving on loopback ({host}) only, without "
+                  "authentication; every local user can reach it.")
+    return token
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False

@@ -10,7 +10,7 @@ import typer
 from rich.markup import escape
 
 from drkernel.cli.common import err, flag
-from drkernel.cli.serve import serving_token
+from drkernel.cli.common import serving_token
 from drkernel.errors import UsageError
 
 

@@ -6,16 +6,14 @@ pays for them nor needs the `serve` extra.
 
 from __future__ import annotations
 
-import ipaddress
 import json
-import os
 import socket
 from pathlib import Path
 from typing import Any, Optional
 
 import typer
 
-from drkernel.cli.common import engine_settings, err, warn_if_confinement_incomplete
+from drkernel.cli.common import engine_settings, err, serving_token, warn_if_confinement_incomplete
 from drkernel.cli.options import Fields, config_options
 from drkernel.errors import UsageError
 from drkernel.scheduling.engine import EngineConfig, open_backend
@@ -70,18 +68,6 @@ def serve_command(
     uvicorn.run(create_app(dispatcher, token, clients), host=host, port=port, timeout_graceful_shutdown=5)
 
 
-def serving_token(host: str, token_env: str, risk: str, named: bool = False) -> str | None:
-    """The bearer token in `token_env`; without one (and without named clients) only loopback is served."""
-    token = os.environ.get(token_env) or None
-    if token is None and not named and not is_loopback(host):
-        raise UsageError(f"refusing to serve on {host} without a token: anyone who reaches it could {risk}. "
-                         f"Set {token_env} (clients then send 'Authorization: Bearer <token>'), or bind to 127.0.0.1.")
-    if token is None and not named:
-        err.print(f"[yellow]no token in ${token_env}:[/yellow] serving on loopback ({host}) only, without "
-                  "authentication; every local user can reach it.")
-    return token
-
-
 def read_clients(path: Path) -> dict[str, str]:
     """--clients-file: a JSON object of client name -> token, names printable, tokens distinct and 16+ chars."""
     try:
@@ -98,12 +84,3 @@ def read_clients(path: Path) -> dict[str, str]:
     if len(set(clients.values())) < len(clients):
         raise UsageError(f"--clients-file {path}: two clients share a token")
     return clients
-
-
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False

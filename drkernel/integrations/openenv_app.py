@@ -18,7 +18,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from drkernel.agent.evaluate import Evaluator, open_evaluator
+from drkernel.scheduling.evaluator import Evaluator, open_evaluator
 from drkernel.errors import UsageError
 from drkernel.integrations.openenv import EpisodeConfig, create_server
 from drkernel.scheduling.engine import EngineConfig
