@@ -14,12 +14,12 @@ id -u kerneluser >/dev/null 2>&1 || useradd -m -u 1001 kerneluser
 PYTHONPATH=/tmp/repo $PY -m drkernel.cli.main doctor --json > $OUT/doctor_root.json
 PYTHONPATH=/tmp/repo $PY tests/ordinary_user.py 1001 /home/kerneluser -- env PYTHONPATH=/tmp/repo $PY -m drkernel.cli.main doctor --json > $OUT/doctor_user.json 2>&1
 echo "== red team as root"
-timeout 230 env PYTHONPATH=/tmp/repo $PY -m pytest -q -p no:cacheprovider -rfEx tests/test_hacking.py 2>&1 | tail -25 | tee $OUT/redteam_root.txt
+timeout 200 env PYTHONPATH=/tmp/repo $PY -m pytest -q -p no:cacheprovider -rfEx tests/test_hacking.py 2>&1 | tail -25 | tee $OUT/redteam_root.txt
 echo "== red team as uid 1001"
-timeout 230 $PY tests/ordinary_user.py 1001 /home/kerneluser -- env PYTHONPATH=/tmp/repo $PY -m pytest -q -p no:cacheprovider -rfEx --rootdir /tmp/repo --basetemp /home/kerneluser/pt /tmp/repo/tests/test_hacking.py 2>&1 | tail -25 | tee $OUT/redteam_user.txt
+timeout 200 $PY tests/ordinary_user.py 1001 /home/kerneluser -- env PYTHONPATH=/tmp/repo $PY -m pytest -q -p no:cacheprovider -rfEx --rootdir /tmp/repo --basetemp /home/kerneluser/pt /tmp/repo/tests/test_hacking.py 2>&1 | tail -25 | tee $OUT/redteam_user.txt
 echo "== new GPU cases, old tree and new tree"
 for tree in /tmp/repo/.old /tmp/repo; do
-  for case in tests/exploits/j2_cublas_on_a_side_stream_when_timed.py tests/exploits/j5_graph_replayed_on_a_side_stream_when_timed.py tests/legit/matmul_two_streams_joined.py tests/exploits/j1_side_stream.py; do
+  for case in tests/exploits/j2_cublas_on_a_side_stream_when_timed.py tests/exploits/j5_graph_replayed_on_a_side_stream_when_timed.py tests/legit/matmul_two_streams_joined.py tests/exploits/j1_side_stream.py tests/legit/fresh_inputs_every_timed_call.py tests/exploits/n1_channel_taken_over.py; do
     task=$(grep -m1 '^# task:' $case | awk '{print $3}')
     ref=tests/exploits/tasks/$task.py; [ -f $ref ] || ref=examples/tasks/$task.py
     timeout 120 env PYTHONPATH=$tree $PY -m drkernel.cli.main eval -r $ref -c $case --device cuda --json 2>/dev/null \

@@ -8,7 +8,7 @@ KB=$PWD/.kb/kernelbench_levels1-3.jsonl
 ROOT=$PWD
 mkdir -p /tmp/timing
 n=0
-for tree in .old . . .old; do
+for tree in ${ORDER:-.old . . .old}; do
   n=$((n+1)); name=$([ "$tree" = . ] && echo new || echo old)$n
   echo "== $name"
   (cd $ROOT/$tree && timeout 150 python3 benchmarks/gpu_bench.py stability kernelbench --kernelbench $KB \

@@ -307,14 +307,14 @@ def test_the_fork_server_leaves_its_start_up_out_of_the_collectors_passes() -> N
         gc.unfreeze()
 
 
-def _recording_cuda_timer(order: list[str], idle_gap_ms: float) -> timing.CallTimer:
-    """A CallTimer whose GPU calls are recorders: each call's events read 1.0 ms from start to end and
-    `idle_gap_ms` from its end to the event recorded once the device is idle."""
+def _recording_cuda_timer(order: list[str], waited_ms: float) -> timing.CallTimer:
+    """A CallTimer whose GPU calls are recorders: each call's events read 1.0 ms from start to end, and the host
+    waits `waited_ms` for the whole device once the timed stream is done."""
     made: list[str] = []
 
     class Event:
         def __init__(self, enable_timing: bool) -> None:
-            self.role = ("start", "end", "idle")[len(made) % 3]
+            self.role = ("start", "end")[len(made) % 2]
             made.append(self.role)
 
         def record(self) -> None:
@@ -324,7 +324,7 @@ def _recording_cuda_timer(order: list[str], idle_gap_ms: float) -> timing.CallTi
             order.append(f"wait {self.role}")
 
         def elapsed_time(self, other: "Event") -> float:
-            return 1.0 if other.role == "end" else idle_gap_ms
+            return 1.0
 
     class L2:
         def clear(self) -> None:
@@ -335,34 +335,35 @@ def _recording_cuda_timer(order: list[str], idle_gap_ms: float) -> timing.CallTi
 
     timer = timing.CallTimer(torch.device("cpu"))
     timer.cuda, timer.cover_ms, timer._cycles_per_ms = True, 0.5, 1000.0
-    timer._event, timer._l2, timer._sync = Event, L2(), lambda: order.append("sync")
+    timer._event, timer._l2 = Event, L2()
     timer._spin = lambda cycles: order.append(f"spin {cycles}")
     timer._flush = type("Flush", (), {"zero_": lambda self: order.append("flush")})()
     timer._segments = lambda: 0
-    timer.idle_gap_ms, timer.gap_tolerance_ms = 0.01, 0.002
+    timer._wait_for_device = lambda: order.append("wait device") or waited_ms  # type: ignore[method-assign]
+    timer.idle_wait_ms, timer.wait_tolerance_ms = 0.01, 0.005
     return timer
 
 
 def test_cuda_call_timer_spins_then_flushes_right_before_the_timed_call() -> None:
     """The order of what a timed call enqueues on the device (GPU calls stood in for by recorders): no persisting L2
     lines, the spin that hides the host, then the flush, so the call meets the same cache whatever the spin's
-    length; after the call, the whole device is waited for and its idle marked by an event."""
+    length; after the call, the timed stream is waited for, then the whole device."""
     order: list[str] = []
-    timer = _recording_cuda_timer(order, idle_gap_ms=0.011)
+    timer = _recording_cuda_timer(order, waited_ms=0.012)
     _, elapsed_ms, _ = timer.timed(lambda: order.append("call"), [])
-    assert order == ["clear l2", "spin 500", "flush", "record start", "call", "record end", "sync", "record idle",
-                     "wait idle"]
-    assert elapsed_ms == 1.0 and timer.unjoined_ms == 0.0  # within the empty call's gap: nothing counted
+    assert order == ["clear l2", "spin 500", "flush", "record start", "call", "record end", "wait end",
+                     "wait device"]
+    assert elapsed_ms == 1.0 and timer.unjoined_ms == 0.0  # within an empty call's wait: nothing counted
     assert timer.l2_tampered  # a persisting-L2 setting changed by the call is noticed
 
 
 def test_cuda_call_timer_counts_work_left_running_on_other_streams() -> None:
     """A call whose end event fires while work it started on other streams still runs is timed to the device's idle,
-    less the gap an empty call leaves."""
-    timer = _recording_cuda_timer([], idle_gap_ms=0.51)
+    less what an empty call waits."""
+    timer = _recording_cuda_timer([], waited_ms=0.51)
     _, elapsed_ms, _ = timer.timed(lambda: None, [])
     assert elapsed_ms == pytest.approx(1.0 + 0.5)
-    assert timer.unjoined_ms == pytest.approx(0.51 - 0.01 - 0.002)
+    assert timer.unjoined_ms == pytest.approx(0.51 - 0.01 - 0.005)
 
 
 def test_coverage_counts_only_exactly_named_own_kernels() -> None:

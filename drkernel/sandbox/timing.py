@@ -46,8 +46,8 @@ SLOW_MARGIN_MS = 0.005
 # beside other work on the GPU. On an H100, 3,752 sides of timed calls had at most 1.031 (small calls); one of a
 # 4.3 ms sigmoid had 1.044 with 11 of its 20 calls 9-150% slow, and a speedup 4.2% off (docs/benchmarks.md).
 DISTURBED_FACTOR = 1.03
-GAP_CALIBRATION_CALLS = 9  # empty calls that measure the gap from a call's end to the device's idle (`CallTimer`)
-GAP_MARGIN_MS = 0.002  # beyond their spread: work on other streams shorter than this goes uncounted
+WAIT_CALIBRATION_CALLS = 9  # empty calls that measure the host's wait for an idle device (`CallTimer`)
+WAIT_MARGIN_MS = 0.005  # beyond their spread: work on other streams shorter than this goes uncounted
 
 
 @dataclass
@@ -152,9 +152,9 @@ class CallTimer:
         # Segments the caching allocator took from the driver (cudaMalloc) during the last timed call: a call that
         # allocates waits for the driver's lock of the whole host, where slow timed calls were seen blocking.
         self.driver_allocations = 0
-        # Work a call left running on other streams past its end event (`_timed`): the time from the device's idle
-        # to an event recorded after it, as an empty call measures it, and how much that varies.
-        self.idle_gap_ms, self.gap_tolerance_ms = 0.0, 0.0
+        # Work a call left running on other streams past its end event (`_timed`): how long the host waits for the
+        # whole device once the timed stream is done, as an empty call measures it, and how much that varies.
+        self.idle_wait_ms, self.wait_tolerance_ms = 0.0, 0.0
         self.unjoined_ms = 0.0  # of the last timed call: its work past its end event on other streams, counted
         if self.cuda:
             self._flush = torch.empty(L2_FLUSH_BYTES, dtype=torch.uint8, device=device)
@@ -164,7 +164,7 @@ class CallTimer:
             self.stream = torch.cuda.current_stream().cuda_stream  # the stream the events time
             self._l2 = PersistingL2(self.stream)
             self._cycles_per_ms = self._spin_rate()
-            self._calibrate_idle_gap()
+            self._calibrate_idle_wait()
 
     def _spin_rate(self) -> float:
         """Device clock cycles per millisecond of `torch.cuda._sleep`, measured (the clock varies by GPU)."""
@@ -177,11 +177,11 @@ class CallTimer:
         self._sync()
         return cycles / max(start.elapsed_time(end), 1e-3)
 
-    def _calibrate_idle_gap(self) -> None:
-        """`idle_gap_ms` and `gap_tolerance_ms` from empty calls timed as every call is."""
-        gaps = sorted(self._events_around(_no_call, [])[2] for _ in range(GAP_CALIBRATION_CALLS))
-        self.idle_gap_ms = statistics.median(gaps)
-        self.gap_tolerance_ms = gaps[-1] - self.idle_gap_ms + GAP_MARGIN_MS
+    def _calibrate_idle_wait(self) -> None:
+        """`idle_wait_ms` and `wait_tolerance_ms` from empty calls timed as every call is."""
+        waits = sorted(self._events_around(_no_call, [])[2] for _ in range(WAIT_CALIBRATION_CALLS))
+        self.idle_wait_ms = statistics.median(waits)
+        self.wait_tolerance_ms = waits[-1] - self.idle_wait_ms + WAIT_MARGIN_MS
 
     def timed(self, fn: Callable[..., Any], args: list[Any],
               on_idle: Callable[[], None] | None = None) -> tuple[Any, float, float]:
@@ -203,23 +203,23 @@ class CallTimer:
             return out, elapsed, elapsed
         segments = self._segments()  # outside the events and the host's clock, as is the count after
         self._l2.clear()
-        out, host_ms, gap_ms, event_ms = self._events_around(fn, args, segments)
+        out, host_ms, waited_ms, event_ms = self._events_around(fn, args, segments)
         if on_idle is not None:
             on_idle()
         self.l2_tampered |= self._l2.tampered()
-        # The end event closes the timed stream only. Work the call started on other streams (its own, a CUDA graph
-        # replayed elsewhere, events arranged so that the timed stream never waits) ends before the device is idle:
-        # past the gap an empty call leaves, the call is timed to the device's idle.
-        self.unjoined_ms = max(0.0, gap_ms - self.idle_gap_ms - self.gap_tolerance_ms)
+        # The end event closes the timed stream only. Work the call started on other streams (its own, cuBLAS, a CUDA
+        # graph replayed elsewhere, events arranged so that the timed stream never waits) keeps the device busy after
+        # it: past what an empty call waits, the call is timed to the device's idle.
+        self.unjoined_ms = max(0.0, waited_ms - self.idle_wait_ms - self.wait_tolerance_ms)
         if self.unjoined_ms:
-            event_ms += gap_ms - self.idle_gap_ms
+            event_ms += waited_ms - self.idle_wait_ms
         return out, event_ms, host_ms
 
     def _events_around(self, fn: Callable[..., Any], args: list[Any], segments: int = 0
                        ) -> tuple[Any, float, float, float]:
-        """(output, host ms, gap ms, event ms) of one call between events on the timed stream, after a spin and an
-        L2 flush; the gap runs from the end event to an event recorded once the whole device is idle."""
-        start, end, idle = (self._event(enable_timing=True) for _ in range(3))
+        """(output, host ms, wait ms, event ms) of one call between events on the timed stream, after a spin and an
+        L2 flush; the wait is the host's for the whole device once the timed stream is done."""
+        start, end = self._event(enable_timing=True), self._event(enable_timing=True)
         if self.cover_ms:
             self._spin(int(self.cover_ms * self._cycles_per_ms))
         self._flush.zero_()  # right before the call, whatever the spin's length, as do_bench flushes
@@ -231,10 +231,14 @@ class CallTimer:
         host_ms = (_perf_counter() - host_start) * 1e3
         self.interruptions = interruptions_since(before)
         self.driver_allocations = self._segments() - segments
-        self._sync()  # every stream of this process's device
-        idle.record()
-        idle.synchronize()
-        return out, host_ms, end.elapsed_time(idle), start.elapsed_time(end)
+        end.synchronize()  # the timed stream is done: an empty device answers the next wait at once
+        return out, host_ms, self._wait_for_device(), start.elapsed_time(end)
+
+    def _wait_for_device(self) -> float:
+        """Milliseconds the host waits for every stream of this process's device."""
+        began = _perf_counter()
+        self._sync()
+        return (_perf_counter() - began) * 1e3
 
     def _segments(self) -> int:
         return int(torch.cuda.memory_stats().get("segment.all.allocated", 0))
