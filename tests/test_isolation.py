@@ -161,7 +161,7 @@ def test_the_fork_servers_bytecode_is_its_own(tmp_path: Path) -> None:
     assert "sandbox_violation" in result.hack_reasons
     compiled = {p.relative_to(cache) for p in cache.rglob("*.pyc")}
     assert any("torch" in p.parts for p in compiled)
-    assert any(p.name.startswith("zygote.") for p in compiled)
+    assert any(p.name.startswith("forkserver.") for p in compiled)
     assert not any(p.name.startswith(("tabnanny.", "planted")) for p in compiled)
     stamps = {p: p.stat().st_mtime_ns for p in cache.rglob("*.pyc")}
     again = Supervisor(device=DEVICE, gpu="0" if DEVICE == "cuda" else None, bytecode_cache=cache)
@@ -226,7 +226,7 @@ def test_the_judges_estimate_of_a_tasks_memory_imports_no_torch_dynamo_and_is_as
     directly, with the same sizes as with dynamo imported."""
     script = """
 import json, sys
-import drkernel.sandbox.zygote
+import drkernel.sandbox.forkserver
 from drkernel.sandbox import reference, startup
 from drkernel.tasks import synthetic
 startup.find_dynamo_disabled()

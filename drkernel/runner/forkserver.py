@@ -1,4 +1,4 @@
-"""Supervisor side of the fork server (drkernel.sandbox.zygote): start it, hand it jobs, hear their ends."""
+"""Supervisor side of the fork server (drkernel.sandbox.forkserver): start it, hand it jobs, hear their ends."""
 
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ def sandbox_environment(extra: dict[str, str] | None = None, bytecode_cache: str
     (PYTHONPYCACHEPREFIX) and reads them from there at every later start, whatever the installation holds: images
     built without bytecode, or with PYTHONDONTWRITEBYTECODE set, otherwise compile torch, sympy and Triton from source
     at every start (9-11 s on an H100's host, docs/benchmarks.md). It writes no bytecode once it serves evaluations
-    (`drkernel.sandbox.zygote.serve`)."""
+    (`drkernel.sandbox.forkserver.serve`)."""
     env = {k: v for k, v in os.environ.items() if ENV_ALLOWED.match(k) and not ENV_SECRET.search(k)}
     env.setdefault("PATH", "/usr/bin:/bin")
     env["PYTHONUNBUFFERED"] = "1"
@@ -56,7 +56,7 @@ class JobHandle:
     result: dict[str, Any] | None = None  # its verdict
     result_at: float | None = None  # monotonic time the verdict arrived
     server_died: bool = False
-    server: Any = None  # the zygote process that owns the job
+    server: Any = None  # the fork server process that owns the job
 
 
 def _take_event(job: JobHandle, event: dict[str, Any]) -> None:
@@ -73,7 +73,7 @@ class ForkServerDied(EngineError):
 
 
 class ForkServer:
-    """One zygote process; thread-safe; several jobs may be in flight."""
+    """One fork server process; thread-safe; several jobs may be in flight."""
 
     def __init__(self, python: str = sys.executable, env: dict[str, str] | None = None,
                  bytecode_cache: str | Path | None = None) -> None:
@@ -108,7 +108,7 @@ class ForkServer:
     def _start(self) -> None:
         self._ready = threading.Event()
         self._proc = subprocess.Popen(
-            [self.python, "-m", "drkernel.sandbox.zygote"],
+            [self.python, "-m", "drkernel.sandbox.forkserver"],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             env=self.env,
@@ -174,7 +174,7 @@ class ForkServer:
             starting = not self._ready.is_set()
         if proc is not None and proc.poll() is None:
             assert proc.stdin is not None
-            proc.stdin.close()  # the zygote kills its running evaluations and exits
+            proc.stdin.close()  # the fork server kills its running evaluations and exits
             if starting:  # still importing: it holds no evaluation, and would read its stdin only once ready
                 proc.kill()
                 proc.wait()

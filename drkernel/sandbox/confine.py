@@ -2,7 +2,7 @@
 reported (`Environment.confinement`) with the reason when it is not.
 
 - pid_namespace: a private PID and mount namespace with its own /proc (the fork server creates it per evaluation;
-  see drkernel.sandbox.zygote): the candidate sees its own processes only, not their environments or command lines.
+  see drkernel.sandbox.forkserver): the candidate sees its own processes only, not their environments or command lines.
   As root the fork server makes it directly; as an ordinary user, inside a user namespace of the evaluation's own
   (`enter_user_namespaces`, as rootless containers do), which brings private network and IPC namespaces with it.
 - uid: started as root, the evaluation drops to an unprivileged uid when the Python installation is readable by

@@ -1,8 +1,8 @@
 """Fork server: imports torch and triton once, never touches CUDA, and forks one evaluation per request.
 
 Protocol on stdin/stdout, one JSON object per line:
-  supervisor -> zygote  {"id", "workdir", "device": "cuda"|"cpu", "gpu", "memory_limit_mb", "triton_cache"}
-  zygote -> supervisor  {"ready": pid} once; {"id", "pid"} after each fork; {"id", "event": {...}} for what the
+  supervisor -> fork server  {"id", "workdir", "device": "cuda"|"cpu", "gpu", "memory_limit_mb", "triton_cache"}
+  fork server -> supervisor  {"ready": pid} once; {"id", "pid"} after each fork; {"id", "event": {...}} for what the
                         judge reports ({"started"}, {"waiting": bool}, {"result": {...}}); {"id", "status"} when it
                         exits (a raw wait status)
 An evaluation is two processes. The judge (drkernel.sandbox.judge) forks the subject (drkernel.sandbox.subject)
