@@ -10,20 +10,22 @@ serve`) or bench run folders (`drkernel.report.browse`, in `drkernel report --se
 
 Why it costs the service nothing measurable: a poll reads through the store's read-only connection (never the lock
 that submissions and results take), its answer is computed at most once a second for any number of pollers
-(CACHE_S), and the figures over the last hour are one aggregate query, however many rows finished in it.
+(CACHE_S), encoded once, and the figures over the last hour are one aggregate query, however many rows finished in
+it. A page in a hidden tab does not poll.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 import threading
 import time
 from importlib import resources
 from typing import Any, Callable, Protocol
 
 from fastapi import APIRouter, HTTPException, Query, Request
-from fastapi.responses import HTMLResponse, JSONResponse, Response
+from fastapi.responses import HTMLResponse, Response
 
 from drkernel.schema import EvalRequest, EvalResult, HackReason, Status
 from drkernel.service import viewer, visible
@@ -33,7 +35,7 @@ from drkernel.service.store import RowFilter
 
 __all__ = ["PREFIX", "Evaluations", "ServiceEvaluations", "router"]
 
-CACHE_S = 1.0  # an answer serves every poll with the same viewer and filters for this long
+CACHE_S = 2.0  # an answer serves every poll with the same viewer and filters for this long (the pages poll every 2 s)
 ROWS = 200  # the latest rows the table shows
 HOUR_S, MINUTE_S, REASON_BUCKET_S = 3600, 60, 300
 STATES = ("queued", "running")  # a row's state, for the status filter beside the verdicts
@@ -63,6 +65,7 @@ class Evaluations(Protocol):
 
 def router(source: Evaluations) -> APIRouter:
     api = APIRouter(prefix=PREFIX, tags=["dashboard"], include_in_schema=False)
+    answers = Memo()  # encoded answers, shared by every poller with the same viewer and filters
     static = {entry.name: entry.read_bytes() for entry in resources.files("drkernel.service").joinpath(
         "static").iterdir() if entry.name[entry.name.rfind("."):] in STATIC_TYPES}
 
@@ -79,8 +82,9 @@ def router(source: Evaluations) -> APIRouter:
                                      f"{status!r}")
         if reason and reason not in HackReason.__members__.values():
             raise HTTPException(422, f"reason must be a hack reason, not {reason!r}")
-        answer = await asyncio.to_thread(source.data, RowFilter(status, reason, task, client), viewer(http))
-        return JSONResponse(answer, headers=SECURITY_HEADERS)
+        filters, who = RowFilter(status, reason, task, client), viewer(http)
+        body = await asyncio.to_thread(answers.get, (filters, who), lambda: _json(source.data(filters, who)))
+        return Response(body, media_type="application/json", headers=SECURITY_HEADERS)
 
     @api.get("/evaluations/{id}", response_class=HTMLResponse)
     async def evaluation(id: str, http: Request) -> Response:
@@ -105,6 +109,10 @@ def router(source: Evaluations) -> APIRouter:
                         headers={"cache-control": "max-age=300", "x-content-type-options": "nosniff"})
 
     return api
+
+
+def _json(value: Any) -> bytes:
+    return json.dumps(value, separators=(",", ":")).encode()
 
 
 def _page(text: str) -> HTMLResponse:
@@ -142,12 +150,11 @@ class ServiceEvaluations:
 
     def __init__(self, dispatcher: Dispatcher, separated: bool) -> None:
         self.dispatcher, self.store, self.separated = dispatcher, dispatcher.store, separated
-        self._memo = Memo()
 
     def data(self, filters: RowFilter, to: str | None) -> dict[str, Any]:
         if to is not None:
             filters = dataclasses.replace(filters, client=to)
-        return self._memo.get((filters, to), lambda: {"live": self._live(to), "rows": self._rows(filters)})
+        return {"live": self._live(to), "rows": self._rows(filters)}
 
     def page(self, id: str, to: str | None) -> EvaluationPage | None:
         record = self.store.get(id)

@@ -122,6 +122,7 @@
 
   function poll() {
     clearTimeout(timer);
+    if (document.hidden) { return; }  // a hidden tab costs the service nothing; it polls again once shown
     var q = query(), asked = ++latest;
     fetch(location.pathname + "/data" + (q ? "?" + q : ""), {credentials: "same-origin", cache: "no-store"})
       .then(function (answer) {
@@ -138,6 +139,8 @@
       .catch(function (error) { text("updated", "not updated: " + error.message); })
       .then(function () { if (asked === latest) { timer = setTimeout(poll, POLL_MS); } });
   }
+
+  document.addEventListener("visibilitychange", function () { if (!document.hidden) { poll(); } });
 
   function filtersChanged() {
     var q = query();
