@@ -1,4 +1,4 @@
-"""How fast a local policy generates through `HFChatModel`'s path (docs/experiments.md, "Generation speed").
+"""How fast a local policy generates through `HFChatModel`'s path (docs/miniature.md).
 
     python benchmarks/generation_speed.py MODEL [--rows 32] [--tokens 256] [--device cuda] [--out FILE]
                                           [--dtypes float32 bfloat16] [--static-cache] [--lora-rank R]

@@ -317,7 +317,7 @@ def agent_vs_scheduler(tasks: list, candidates: Path, options: EvalOptions, run_
 
 
 def section_synthetic(args: argparse.Namespace) -> dict:
-    """Stage 0 of docs/experiments.md: the synthetic family's reference solutions on the GPU. Fused should be fast,
+    """Stage 0 of docs/miniature.md: the synthetic family's reference solutions on the GPU. Fused should be fast,
     unfused about 1x, lazy flagged `lazy_kernel` by coverage, the wrong ones incorrect."""
     from drkernel.tasks.synthetic import generate
 

@@ -1,7 +1,7 @@
 """Where the host's threads wait in the kernel while evaluations run (issue 20): a sampler of /proc.
 
 On hosts of several GPUs the judge's phases made of CUDA driver calls grew 4-19 times, and the candidates' timed
-calls stalled while their host enqueued them (docs/benchmarks.md). A thread blocked in the kernel shows in /proc as
+calls stalled while their host enqueued them (docs/performance.md). A thread blocked in the kernel shows in /proc as
 state D (uninterruptible: most often a driver holding a lock) or S, with the kernel function it sleeps in (`wchan`)
 and, where the kernel lets this user read it, its kernel stack. This samples every thread of the processes whose
 command line contains `--match`, every `--interval` seconds for `--seconds`, and counts what it saw:

@@ -1,4 +1,4 @@
-"""The miniature reproduction of Dr. Kernel, one command per stage (docs/experiments.md, "Plan of the runs").
+"""The miniature reproduction of Dr. Kernel, one command per stage (docs/miniature.md).
 
     python benchmarks/miniature.py STAGE... [--profile gpu|cpu] [--root runs/mini] [--base GGUF] [--gpus N]
                                             [--time-limit-s S] [--policies sft grpo trloo recipe recipe-s1 ...]

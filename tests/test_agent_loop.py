@@ -349,7 +349,7 @@ def test_failed_generations_are_logged_not_recorded_and_resume_asks_them_again(t
 
 def test_request_seeds_differ_across_tasks_samples_and_turns_and_repeat():
     """With `seed + sample`, sample 0 of every task drew the same random stream: the miniature's one-sample probe
-    of 32 tasks answered 27 of them with the same kind of kernel (docs/experiments.md)."""
+    of 32 tasks answered 27 of them with the same kind of kernel (docs/miniature.md)."""
     seeds = [request_seed(0, task, sample, turn) for task in ("1_a", "2_b") for sample in (0, 1) for turn in (1, 2)]
     assert len(set(seeds)) == 8 and all(0 <= seed < 2**31 for seed in seeds)
     assert request_seed(0, "1_a", 0, 1) == request_seed(0, "1_a", 0, 1) != request_seed(1, "1_a", 0, 1)

@@ -828,7 +828,7 @@ def test_a_wall_clock_suspicion_is_measured_again_and_only_the_second_measuremen
 
 
 def test_only_a_large_evaluation_or_much_memory_is_given_back_between_phases() -> None:
-    """Giving cached GPU memory back and allocating it again takes the driver's host-wide lock (docs/benchmarks.md):
+    """Giving cached GPU memory back and allocating it again takes the driver's host-wide lock (docs/performance.md):
     an ordinary evaluation keeps up to KEEP_CACHED_BYTES per process from phase to phase; above it, or when large,
     both give back."""
     from drkernel.sandbox.gpu_policy import KEEP_CACHED_BYTES, frees_cached_memory

@@ -222,7 +222,7 @@ def test_reference_solutions_get_the_verdicts_of_their_grades() -> None:
 
 @pytest.mark.slow
 def test_calibration_section_tables_verdicts_by_kind_and_variant(tmp_path: Path, monkeypatch) -> None:
-    """benchmarks/gpu_bench.py's `synthetic` section (stage 0 of docs/experiments.md), on the CPU with one task."""
+    """benchmarks/gpu_bench.py's `synthetic` section (stage 0 of docs/miniature.md), on the CPU with one task."""
     from tests.scripts import load_script
 
     gpu_bench = load_script("benchmarks/gpu_bench.py")

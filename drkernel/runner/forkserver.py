@@ -30,7 +30,7 @@ def sandbox_environment(extra: dict[str, str] | None = None, bytecode_cache: str
     """The fork server's environment. With `bytecode_cache`, it compiles its imports into that folder of its own once
     (PYTHONPYCACHEPREFIX) and reads them from there at every later start, whatever the installation holds: images
     built without bytecode, or with PYTHONDONTWRITEBYTECODE set, otherwise compile torch, sympy and Triton from source
-    at every start (9-11 s on an H100's host, docs/benchmarks.md). It writes no bytecode once it serves evaluations
+    at every start (9-11 s on an H100's host, docs/performance.md). It writes no bytecode once it serves evaluations
     (`drkernel.sandbox.forkserver.serve`)."""
     env = {k: v for k, v in os.environ.items() if ENV_ALLOWED.match(k) and not ENV_SECRET.search(k)}
     env.setdefault("PATH", "/usr/bin:/bin")

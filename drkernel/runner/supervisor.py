@@ -39,7 +39,7 @@ KILL_GRACE_S = 5.0
 OUTPUT_TAIL_CHARS = 3000
 GPU_OVERLAP = 3  # evaluations running at once on one GPU: checking correctness together, timing one at a time
 # The least host memory an evaluation may be given on a GPU: its judge and subject hold about 1.4 GB resident before
-# the candidate allocates anything (two CUDA contexts; 1.36-1.43 GB measured on an H100 host, docs/benchmarks.md).
+# the candidate allocates anything (two CUDA contexts; 1.36-1.43 GB measured on an H100 host, docs/performance.md).
 GPU_MEMORY_FLOOR_MB = 2048
 
 
@@ -350,7 +350,7 @@ def memory_floor_refusal(device: str, limit_mb: int, cap_mb: int) -> EvalResult 
 class GroupMemory:
     """Resident memory of each process group, from one scan of /proc at most every MEMORY_CHECK_S, shared by all of a
     supervisor's running evaluations. A scan reads every process's stat file: one for each evaluation every 50 ms kept
-    half a core of each worker busy on a host running four RL runs (docs/experiments.md)."""
+    half a core of each worker busy on a host running four RL runs (docs/miniature.md)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()

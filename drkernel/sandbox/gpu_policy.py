@@ -26,9 +26,9 @@ Outcome = TypeVar("Outcome", bound=PhaseOutcome)
 SHARE_OF_MEMORY = 0.25  # of the GPU's memory, at most, for one evaluation's trials beside others' (3 at once)
 # Of the GPU's memory, at most, for a large evaluation's float64 precision trial: its inputs and the reference's
 # outputs already hold several GiB, and a slice of the batch's rows measures the same rule (the judge of a 6 GiB
-# problem held 44-46 GiB in its correctness phase on an H100 at SHARE_OF_MEMORY, 22.9 at 1/16; docs/benchmarks.md).
+# problem held 44-46 GiB in its correctness phase on an H100 at SHARE_OF_MEMORY, 22.9 at 1/16; docs/performance.md).
 LARGE_PRECISION_SHARE = 1 / 64
-# A large evaluation's correctness phase, both processes, measured on an H100 (docs/benchmarks.md): 3 x its inputs
+# A large evaluation's correctness phase, both processes, measured on an H100 (docs/performance.md): 3 x its inputs
 # (the judge's, their shared copy, the subject's), 2 x the outputs (the reference's, the candidate's), the float64
 # allowance and at most this much more.
 LARGE_PHASE_HEADROOM = 1.5 * 2**30
@@ -68,7 +68,7 @@ def frees_cached_memory(large: bool, judge_bytes: int, subject_bytes: int) -> bo
     evaluation does, and one whose processes hold more than KEEP_CACHED_BYTES (the others' phases need the room). An
     ordinary one keeps it: giving back and allocating again, phase after phase, are calls that take the driver's
     lock for the whole host (`rmapiLockAcquire`), where the threads of several GPUs' evaluations were found waiting
-    (docs/benchmarks.md, "Where the host waits")."""
+    (docs/performance.md)."""
     return large or max(judge_bytes, subject_bytes) > KEEP_CACHED_BYTES
 
 

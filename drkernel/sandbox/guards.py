@@ -172,7 +172,7 @@ class StateGuard:
         """torch._dynamo's first import replaces torch.manual_seed by `torch._disable_dynamo(torch.manual_seed)`, and a
         candidate may cause it (torch.library does). That wrapper is no patch when it runs the wrapper's own code over
         the very function of the snapshot. Importing torch._dynamo before the snapshot instead cost the fork server a
-        quarter of its imports (2.23 s against 1.70 on an H100's host, docs/benchmarks.md)."""
+        quarter of its imports (2.23 s against 1.70 on an H100's host, docs/performance.md)."""
         return "torch._dynamo" in sys.modules and dynamo_wrapped(value) is self._manual_seed
 
 

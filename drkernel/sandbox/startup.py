@@ -25,7 +25,7 @@ def find_dynamo_disabled() -> None:
     """torch's functions wrapped in `torch._disable_dynamo`, its Python references and meta kernels among them (the
     estimate of a task's memory on the meta device runs them): each wrapper imports torch._dynamo at its first call,
     only to keep dynamo from tracing its function. That import took 1.7 s of each evaluation's judge on an H100's host
-    once the fork server no longer made it (docs/benchmarks.md)."""
+    once the fork server no longer made it (docs/performance.md)."""
     _DYNAMO_DISABLED[:] = [fn for obj in gc.get_objects() if type(obj) is types.FunctionType
                            and (fn := guards.dynamo_wrapped(obj)) is not None]
 

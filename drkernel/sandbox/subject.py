@@ -506,7 +506,7 @@ def _paired(a: Any, b: Any, pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> b
     """Whether `a` and `b` have one structure, their tensors appended to `pairs`. A function of the module, not one
     nested in `_copy_into`: a nested function that calls itself is a reference cycle, which kept every timed call's
     outputs alive until Python's next collection, so the next timed calls took new memory from the driver inside
-    their timings (docs/benchmarks.md, "The slow timed calls")."""
+    their timings (docs/performance.md)."""
     if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
         pairs.append((a, b))
         return (type(a) is torch.Tensor and type(b) is torch.Tensor and a.shape == b.shape and a.dtype == b.dtype

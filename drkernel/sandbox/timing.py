@@ -44,7 +44,7 @@ SLOW_FACTOR = 2.0  # a timed call slower than this many times the side's fastest
 SLOW_MARGIN_MS = 0.005
 # A median more than this many times the side's fastest quarter of calls (plus SLOW_MARGIN_MS): part of the calls ran
 # beside other work on the GPU. On an H100, 3,752 sides of timed calls had at most 1.031 (small calls); one of a
-# 4.3 ms sigmoid had 1.044 with 11 of its 20 calls 9-150% slow, and a speedup 4.2% off (docs/benchmarks.md).
+# 4.3 ms sigmoid had 1.044 with 11 of its 20 calls 9-150% slow, and a speedup 4.2% off (docs/performance.md).
 DISTURBED_FACTOR = 1.03
 WAIT_CALIBRATION_CALLS = 9  # empty calls that measure the host's wait for an idle device (`CallTimer`)
 WAIT_MARGIN_MS = 0.005  # beyond their spread: work on other streams shorter than this goes uncounted
@@ -77,7 +77,7 @@ def cover_for(host_ms: list[float]) -> float:
 
 class Placements:
     """Where a small call's tensors lie in GPU memory sets its time: on an H100, 40 placements of a 4 MiB input and
-    its output gave a 7 us kernel medians with a CV of 1.7%, each placement steady to 0.4% (docs/benchmarks.md). With
+    its output gave a 7 us kernel medians with a CV of 1.7%, each placement steady to 0.4% (docs/performance.md). With
     one placement per side and evaluation (the judge's, the subject's), a small task's speedup CV was 2.4-3.1%; going
     round 8 places, 1.0-2.2% in four runs; 16, 1.3-1.4% in two (46b6c34, one process: 1.1-1.6%). Each side keeps the
     tensors of its last PLACEMENTS - 1 calls alive, so that every call's take other blocks and a median spans
@@ -299,7 +299,7 @@ class PersistingL2:
 def slow(value_ms: float, fastest_ms: float) -> bool:
     """A call slower than SLOW_FACTOR times the side's fastest: on a GPU, one that waited for something else inside
     its events (a fifth of the candidates' medians in an RL run beside other runs' evaluations were such calls;
-    docs/experiments.md)."""
+    docs/miniature.md)."""
     return value_ms > SLOW_FACTOR * fastest_ms + SLOW_MARGIN_MS
 
 

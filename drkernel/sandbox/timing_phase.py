@@ -56,7 +56,7 @@ class TimingPhase:
         compared on a sample, a few chosen calls in full.
 
         When the wall-clock check fires, or a side's median call is a slow one (above twice its fastest: a fifth of
-        the candidates' medians in an RL run beside other runs' evaluations, docs/experiments.md), the whole
+        the candidates' medians in an RL run beside other runs' evaluations, docs/miniature.md), the whole
         measurement is made once more and only the second one counts, its timings and its check: a host that
         stalled some of the calls (a legitimate kernel was `side_stream_timing` on an H200 beside other runs'
         evaluations) gets a clean measurement, work hidden on another stream shows again, and a candidate that

@@ -4,7 +4,7 @@ softmax/norm variants and a matmul with an epilogue, for the miniature reproduct
 Every task is an op chain over a row-major matrix `x` (M, N) and a per-column vector `vec` (N,) used by one op
 (bias or gain), or a matmul `a @ w` (M, K) x (K, N) followed by an epilogue. Eager PyTorch makes one pass over
 memory per op; one fused kernel makes one pass in all, so on a GPU the fused solution wins by about the chain's
-length (docs/experiments.md).
+length (docs/miniature.md).
 
 Splits are by structure: a chain's kind and the multiset of its ops decide its split through a hash, so no test
 task is a train task with other shapes or its ops reordered, whatever the seed. The seed picks which structures

@@ -5,7 +5,7 @@
 - `partial`: PyTorch computes the chain, the expensive part included (the norm, the reduction, the matmul), but
   for its vector op (bias or gain), which a Triton kernel applies to the whole (M, N) intermediate in a pass of its
   own: correct, about 1x, and on a GPU one pass of the several the chain makes is in the candidate's own kernel
-  (coverage expected between about 0.1 and 0.5: to measure, stage 0 of docs/experiments.md);
+  (coverage expected between about 0.1 and 0.5: to measure, stage 0 of docs/miniature.md);
 - `lazy`: PyTorch computes the chain and a Triton kernel only copies the (N,) vector it uses: correct, but on a
   GPU little of the time is in the candidate's own kernels, so the evaluator's coverage check usually calls it
   lazy (on an H100, 14 of the 16 test tasks; the two with the shortest chains gave 5-6%, over the 5% floor);

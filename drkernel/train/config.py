@@ -57,7 +57,7 @@ class TrainConfig:
     static_cache: bool = False
     # transformers sampling from a plain copy of the policy in this dtype, its weights (LoRA merged) synced before each
     # step's rollout, as a vLLM engine's are; None samples with the trainer's model itself. transformers compiles the
-    # copy whole: on the H100 a LoRA policy decoded at 34.5 ms a step, a bfloat16 copy at 6.5 (docs/experiments.md)
+    # copy whole: on the H100 a LoRA policy decoded at 34.5 ms a step, a bfloat16 copy at 6.5 (docs/miniature.md)
     rollout_dtype: str | None = None
     # evaluation (KernelGym): how each answer is judged (EvalOptions) and by which engine (embedded, Ray, a service)
     evaluation: EvalOptions = field(default_factory=EvalOptions)

@@ -1,4 +1,4 @@
-"""The cold-start SFT mix of the miniature reproduction, built from the synthetic task family (docs/experiments.md).
+"""The cold-start SFT mix of the miniature reproduction, built from the synthetic task family (docs/miniature.md).
 
 The mix must leave each signal of the recipe something to act on, so most first answers are `partial` (correct,
 about 1x, part of the work in its own kernel: what plain GRPO keeps and the profiling reward pays little),
