@@ -2,9 +2,9 @@
 
     python tests/ordinary_user.py UID HOME [--no-user-namespaces] -- COMMAND...
 
-Started as root, it gives itself a private mount namespace where every folder the Python installation lies under is
-searchable (a Python installed under root's 0700 home is a common CI layout: there a tmpfs with only the
-installation bound into it stands in for the home), makes HOME, drops to UID (no capabilities, no groups), and
+Started as root, it gives itself a private mount namespace where every folder the Python installation and this
+repository lie under is searchable (a Python or a checkout under root's 0700 home is a common CI layout: there a
+tmpfs with only those bound into it stands in for the home), makes HOME, drops to UID (no capabilities, no groups), and
 execs COMMAND. With --no-user-namespaces it first installs a system-call filter that refuses new user namespaces,
 as a container's default seccomp profile or `sysctl user.max_user_namespaces=0` would.
 """
@@ -80,7 +80,7 @@ def _refuse_user_namespaces() -> None:
 def main(args: list[str]) -> None:
     split = args.index("--")
     uid, home, options, argv = int(args[0]), Path(args[1]), args[2:split], args[split + 1:]
-    _expose([sys.base_prefix, sys.prefix, sys.exec_prefix])
+    _expose([sys.base_prefix, sys.prefix, sys.exec_prefix, str(Path(__file__).resolve().parents[1])])
     home.mkdir(parents=True, exist_ok=True)
     os.chown(home, uid, uid)
     os.chmod(home, 0o700)
