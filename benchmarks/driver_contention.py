@@ -1,7 +1,8 @@
 """Which calls into the CUDA driver slow down when evaluations run on several GPUs of one host (issue 20).
 
 On four H200s of one host (docs/performance.md, "Several GPUs of one host"), with one scheduler alone and three at
-once on three GPUs, the GPU's own work kept its time and the judge's phases made of driver calls grew 4-19 times. This isolates those calls, each in a loop, in one process per GPU and all at once:
+once on three GPUs, the GPU's own work kept its time and the judge's phases made of driver calls grew 4-19 times.
+This isolates those calls, each in a loop, in one process per GPU and all at once:
 
     python benchmarks/driver_contention.py --gpus 0,1,2,3 --out DIR
 

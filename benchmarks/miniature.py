@@ -135,7 +135,8 @@ PROFILES = {
     "gpu": Profile(
         device="cuda", shape_scale=1.0, n_train=400, n_validation=8, n_test=32, needs_base=True,
         sft_tasks=3000, sft_multi_turn_tasks=96,
-        # more fused rows than the default 0.4/0.3/0.2/0.1: a policy trained on those seemed never to sample fused answers
+        # more fused rows than the default 0.4/0.3/0.2/0.1: a policy trained on those seemed never to sample fused
+        # answers
         sft_single_turn="partial=0.3,lazy=0.25,unfused=0.2,fused=0.25", sft_first_turn=None,
         # every weight trained: LoRA (rank 16, lr 2e-4) wrote 1 correct fused kernel in 13 tries, this 15 in 17
         # full determinism: the same digest on two GPUs in the same time, so adapters move between machines
