@@ -26,17 +26,21 @@ class Layer:
 
 def check_layers() -> list[Layer]:
     """Every layer, active or missing with the reason and the fix."""
-    namespaces = _in_child(_namespace_probe)
+    try:
+        namespaces = json.loads(confine.answer_of_child(lambda: json.dumps(_namespace_probe())))
+    except ValueError:
+        namespaces = {}
     way, refusal = namespaces.get("way", ""), namespaces.get("reason", "the probe failed")
     reason = refusal.split("; fix: ", 1)[0]
-    own = "private PID and mount namespaces, their own /proc"
+    how = {confine.ROOT_NAMESPACE: "as root", confine.USER_NAMESPACE: "in a user namespace"}
+    network = namespaces.get("network", "")
     layers = [
-        Layer("pid_namespace", bool(way), {"root": f"{own} (as root)", "user": f"{own} (in a user namespace)"}.get(
-            way, reason), "the user's other processes, their environments and command lines; signals to them",
-            "" if way else _fix(refusal)),
-        Layer("network_namespace", bool(namespaces.get("network")), namespaces.get("network") or namespaces.get(
-            "network_reason", reason), "the network, a port on 127.0.0.1 included",
-            "" if namespaces.get("network") else _fix(refusal)),
+        Layer("pid_namespace", bool(way),
+              f"private PID and mount namespaces, their own /proc ({how[way]})" if way else reason,
+              "the user's other processes, their environments and command lines; signals to them",
+              "" if way else _fix(refusal)),
+        Layer("network_namespace", bool(network), network or namespaces.get("network_reason", reason),
+              "the network, a port on 127.0.0.1 included", "" if network else _fix(refusal)),
     ]
     abi = landlock.abi_version()
     layers.append(Layer("landlock", abi >= 1, f"ABI {abi}" if abi else "this kernel has no Landlock",
@@ -65,49 +69,19 @@ def as_json(layers: list[Layer]) -> list[dict[str, object]]:
 
 
 def _namespace_probe() -> dict[str, str]:
-    if confine.new_pid_namespace():  # this child's next child would be PID 1: try the mount there
-        pid = os.fork()
-        if pid == 0:
-            try:
-                confine.mount_private_proc()
-                os._exit(0)
-            except OSError:
-                os._exit(1)
-        _, status = os.waitpid(pid, 0)
-        if status == 0:
-            network = _libc.unshare(confine.CLONE_NEWNET) == 0
-            return {"way": "root", "network": "private, empty (as root)" if network else "",
-                    "network_reason": "unshare(CLONE_NEWNET) refused"}
-    refusal = confine.user_namespaces_refused()
-    if not refusal:
-        return {"way": "user", "network": "private, empty (in a user namespace)"}
-    return {"way": "", "reason": refusal}
+    own = os.open("/proc/self/ns/pid", os.O_RDONLY | os.O_CLOEXEC)
+    way, reason = confine.namespace_way(own)
+    if way == confine.USER_NAMESPACE:
+        return {"way": way, "network": "private, empty (in a user namespace)"}
+    if way == confine.ROOT_NAMESPACE:
+        network = _libc.unshare(confine.CLONE_NEWNET) == 0
+        return {"way": way, "network": "private, empty (as root)" if network else "",
+                "network_reason": "unshare(CLONE_NEWNET) refused"}
+    return {"way": "", "reason": reason}
 
 
 def _fix(reason: str) -> str:
     return reason.split("; fix: ", 1)[1] if "; fix: " in reason else ""
-
-
-def _in_child(probe: object) -> dict[str, str]:
-    """`probe()` in a forked child; its answer comes back as JSON on a pipe."""
-    read, write = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        os.close(read)
-        try:
-            answer = probe()  # type: ignore[operator]
-        except BaseException as exc:
-            answer = {"way": "", "reason": f"the probe failed: {exc!r}"}
-        os.write(write, json.dumps(answer).encode())
-        os._exit(0)
-    os.close(write)
-    with os.fdopen(read, "rb") as f:
-        data = f.read()
-    os.waitpid(pid, 0)
-    try:
-        return json.loads(data)
-    except ValueError:
-        return {"way": "", "reason": "the probe failed"}
 
 
 _libc = ctypes.CDLL(None, use_errno=True)

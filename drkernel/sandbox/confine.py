@@ -25,6 +25,7 @@ import os
 import shutil
 import stat
 import sys
+from typing import Callable
 
 from drkernel.sandbox import landlock, seccomp
 
@@ -34,6 +35,7 @@ CLONE_NEWNET, CLONE_NEWIPC = 0x40000000, 0x08000000
 MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REC, MS_PRIVATE = 2, 4, 8, 1 << 14, 1 << 18
 PR_CAPBSET_DROP, PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL = 24, 47, 4
 CAPABILITY_VERSION_3 = 0x20080522
+ROOT_NAMESPACE, USER_NAMESPACE = "root", "user"  # how evaluations get their PID namespace (`namespace_way`)
 
 # Read-only: what Python, torch, Triton's compiler (ptxas, a C compiler for launcher stubs) and CUDA read.
 SYSTEM_READ_ONLY = [
@@ -61,6 +63,35 @@ def restore_pid_namespace(own: int) -> None:
     _check(_libc.setns(own, CLONE_NEWPID), "setns(CLONE_NEWPID)")
 
 
+def namespace_way(own_pid_namespace: int) -> tuple[str, str]:
+    """How evaluations get a PID namespace here (`ROOT_NAMESPACE` or `USER_NAMESPACE`), or "" and why they cannot;
+    tried as an evaluation would, in throwaway children (`own_pid_namespace`: an fd of /proc/self/ns/pid)."""
+    if new_pid_namespace():
+        if _tried_as_pid_1(mount_private_proc, own_pid_namespace):
+            return ROOT_NAMESPACE, ""
+        root_refusal = "unavailable: cannot mount a private /proc (no mount namespace)"
+    else:
+        root_refusal = f"unavailable: unshare(CLONE_NEWPID): {os.strerror(ctypes.get_errno() or 1)} (needs root)"
+    reason = user_namespaces_refused()
+    if not reason:
+        return USER_NAMESPACE, ""
+    return "", f"{root_refusal}; {reason}"
+
+
+def _tried_as_pid_1(step: Callable[[], None], own_pid_namespace: int) -> bool:
+    """Whether `step` works in the PID 1 of the namespace `new_pid_namespace` just made (a throwaway child)."""
+    pid = os.fork()
+    if pid == 0:
+        try:
+            step()
+            os._exit(0)
+        except BaseException:
+            os._exit(1)
+    restore_pid_namespace(own_pid_namespace)
+    _, status = os.waitpid(pid, 0)
+    return status == 0
+
+
 def enter_user_namespaces() -> None:
     """Make the caller (single-threaded: a fresh fork) the only member of a new user namespace in which it keeps its
     own uid and gid, with new PID (for its next child), mount, network and IPC namespaces that the new user namespace
@@ -77,32 +108,44 @@ def enter_user_namespaces() -> None:
 def user_namespaces_refused() -> str:
     """Why `enter_user_namespaces` and a private /proc in it fail here ("" when they work), with the fix: tried in a
     throwaway child, as an evaluation would."""
+    failure = answer_of_child(_user_namespace_probe)
+    return f"unavailable: {failure}; {_user_namespace_fix(failure)}" if failure else ""
+
+
+def _user_namespace_probe() -> str:
+    try:
+        enter_user_namespaces()
+    except OSError as exc:
+        return f"unshare: {exc}"
+    return answer_of_child(_mount_probe)  # as PID 1 of the new PID namespace
+
+
+def _mount_probe() -> str:
+    try:
+        mount_private_proc()
+    except OSError as exc:
+        return f"mount: {exc}"
+    return ""
+
+
+def answer_of_child(probe: Callable[[], str]) -> str:
+    """`probe()`'s answer, computed in a forked child (whose namespaces and privileges it may change) and sent back
+    on a pipe; one that raised answers what it raised, one that died says so."""
     read, write = os.pipe()
     pid = os.fork()
     if pid == 0:
         os.close(read)
         try:
-            enter_user_namespaces()
-        except OSError as exc:
-            os.write(write, f"unshare: {exc}".encode())
-            os._exit(1)
-        init = os.fork()
-        if init == 0:
-            try:
-                mount_private_proc()
-                os._exit(0)
-            except OSError as exc:
-                os.write(write, f"mount: {exc}".encode())
-                os._exit(1)
-        _, status = os.waitpid(init, 0)
-        os._exit(0 if status == 0 else 1)
+            answer = probe()
+        except BaseException as exc:
+            answer = f"the probe failed: {exc!r}"
+        os.write(write, answer.encode())
+        os._exit(0)
     os.close(write)
     with os.fdopen(read, "rb") as f:
-        failure = f.read().decode(errors="replace")
+        answer = f.read().decode(errors="replace")
     _, status = os.waitpid(pid, 0)
-    if status == 0:
-        return ""
-    return f"unavailable: {failure or 'the probe failed'}; {_user_namespace_fix(failure)}"
+    return answer if status == 0 or answer else "the probe failed (its process ended abnormally)"
 
 
 def _user_namespace_fix(failure: str) -> str:

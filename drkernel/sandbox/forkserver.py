@@ -63,7 +63,7 @@ import triton.testing  # noqa: E402, F401
 from drkernel.sandbox import audit, channel, confine, isolate, judge, procfs, relay, startup, subject, timing
 from drkernel.sandbox.gate import DeviceGate
 from drkernel.sandbox.subject_link import SubjectLink
-from drkernel.schema import EvalRequest, EvalResult, Status
+from drkernel.schema import ErrorKind, EvalRequest, EvalResult, Status
 
 GO_POLL_S = 0.002
 PR_SET_DUMPABLE = 4
@@ -86,10 +86,6 @@ import os, sys
 os.waitpid(int(sys.argv[1]), 0)
 """
 
-# How evaluations get their PID namespace (`_namespaces`).
-ROOT_NAMESPACE, USER_NAMESPACE = "root", "user"
-
-
 def user_namespace_init(job: dict[str, Any], parent_pid: int, inherited_fds: list[int], report_fd: int,
                         status_fd: int) -> None:
     """The fork server's child where only an unprivileged user namespace can give the evaluation a PID namespace: it
@@ -99,14 +95,20 @@ def user_namespace_init(job: dict[str, Any], parent_pid: int, inherited_fds: lis
         isolate.detach(parent_pid)
         confine.enter_user_namespaces()
     except BaseException as exc:
-        _report_result(report_fd, EvalResult.failed(Status.INVALID, "SandboxError", f"sandbox set-up failed: {exc!r}"))
-        os._exit(0)
+        _set_up_failed(report_fd, exc)
     init = os.fork()
     if init == 0:
         namespace_init(job, inherited_fds, report_fd, status_fd, leads_group=False)
     os.close(report_fd)
     os.close(status_fd)
     _exec_small(WAITER, str(init))
+
+
+def _set_up_failed(report_fd: int, exc: BaseException) -> None:
+    """Report the harness's own failure to set an evaluation's processes up, and end this one."""
+    _report_result(report_fd, EvalResult.failed(Status.INVALID, ErrorKind.SANDBOX_ERROR,
+                                                 f"sandbox set-up failed: {exc!r}"))
+    os._exit(0)
 
 
 def _exec_small(program: str, *args: str) -> None:
@@ -124,8 +126,7 @@ def namespace_init(job: dict[str, Any], inherited_fds: list[int], report_fd: int
         isolate.detach(0, new_session=leads_group)  # the parent is outside the namespace: its pid reads as 0 here
         confine.mount_private_proc()
     except BaseException as exc:
-        _report_result(report_fd, EvalResult.failed(Status.INVALID, "SandboxError", f"sandbox set-up failed: {exc!r}"))
-        os._exit(0)
+        _set_up_failed(report_fd, exc)
     evaluation = os.fork()
     if evaluation == 0:
         os.close(status_fd)
@@ -191,10 +192,11 @@ def child_main(job: dict[str, Any], parent_pid: int, inherited_fds: list[int], r
         if networked:
             result.notes.append("sandbox: network namespace unavailable here; the candidate had network access")
     except isolate.LimitTooLow as exc:
-        result = EvalResult.failed(Status.INVALID, "LimitTooLow", str(exc))
+        result = EvalResult.failed(Status.INVALID, ErrorKind.LIMIT_TOO_LOW, str(exc))
     except BaseException as exc:  # set-up failed before the candidate ran: the harness's problem, say so
         import traceback as _t
-        result = EvalResult.failed(Status.INVALID, "SandboxError", f"sandbox set-up failed: {exc!r}", _t.format_exc())
+        result = EvalResult.failed(Status.INVALID, ErrorKind.SANDBOX_ERROR, f"sandbox set-up failed: {exc!r}",
+                                   _t.format_exc())
     _report_result(report_fd, result)
     os._exit(0)
 
@@ -266,12 +268,12 @@ def _report_result(report_fd: int, result: EvalResult) -> None:
     try:
         text = result.to_dict()
     except (TypeError, ValueError) as exc:  # never blame the candidate for the harness's own failure
-        text = EvalResult.failed(Status.INVALID, "SandboxError", f"unserialisable result: {exc}").to_dict()
+        text = EvalResult.failed(Status.INVALID, ErrorKind.SANDBOX_ERROR, f"unserialisable result: {exc}").to_dict()
     try:
         channel.report(report_fd, {"result": text})
     except (TypeError, ValueError) as exc:
         channel.report(report_fd, {"result": EvalResult.failed(
-            Status.INVALID, "SandboxError", f"unserialisable result: {exc}").to_dict()})
+            Status.INVALID, ErrorKind.SANDBOX_ERROR, f"unserialisable result: {exc}").to_dict()})
 
 
 def _stop_writing_bytecode() -> None:
@@ -296,7 +298,7 @@ def serve() -> None:
     signal.set_wakeup_fd(wake_w)
     signal.signal(signal.SIGCHLD, lambda *_: None)
     own_pid_namespace = os.open("/proc/self/ns/pid", os.O_RDONLY | os.O_CLOEXEC)
-    namespaces, no_namespace = _namespaces(own_pid_namespace)
+    namespaces, no_namespace = confine.namespace_way(own_pid_namespace)
     jobs: dict[int, tuple[str, int | None, int]] = {}  # pid -> (job id, the reaper's status pipe, the judge's reports)
     reports: dict[int, tuple[str, bytearray]] = {}  # the judge's report pipe -> (job id, an unfinished line)
     send, proto_fd = _sender()
@@ -320,8 +322,8 @@ def serve() -> None:
             for line in lines:
                 if line.strip():
                     job = json.loads(line)
-                    private = namespaces == USER_NAMESPACE or (
-                        namespaces == ROOT_NAMESPACE and confine.new_pid_namespace())
+                    private = namespaces == confine.USER_NAMESPACE or (
+                        namespaces == confine.ROOT_NAMESPACE and confine.new_pid_namespace())
                     job["pid_namespace"] = no_namespace or "unavailable: unshare(CLONE_NEWPID) failed"
                     job["user_namespace"] = USER_NAMESPACE_NOTES.get(namespaces, "unavailable (see pid_namespace)")
                     status_r, status_w = os.pipe() if private else (None, None)
@@ -331,13 +333,13 @@ def serve() -> None:
                         fds = [wake_r, wake_w, proto_fd, own_pid_namespace, report_r, *reports]
                         if private:
                             os.close(status_r)
-                            if namespaces == USER_NAMESPACE:
+                            if namespaces == confine.USER_NAMESPACE:
                                 user_namespace_init(job, me, fds, report_w, status_w)
                             namespace_init(job, fds, report_w, status_w)
                         child_main(job, me, fds, report_w)
                     os.close(report_w)
                     if private:
-                        if namespaces == ROOT_NAMESPACE:
+                        if namespaces == confine.ROOT_NAMESPACE:
                             confine.restore_pid_namespace(own_pid_namespace)
                         os.close(status_w)
                     jobs[pid] = (job["id"], status_r, report_r)
@@ -376,36 +378,9 @@ def _ready(fd: int) -> bool:
     return bool(select.select([fd], [], [], 0)[0])
 
 
-USER_NAMESPACE_NOTES = {ROOT_NAMESPACE: "not needed (started as root)",
-                        USER_NAMESPACE: "private (the user's own uid and gid mapped), with network and IPC namespaces"}
-
-
-def _namespaces(own_pid_namespace: int) -> tuple[str, str]:
-    """How evaluations get a PID namespace here (`ROOT_NAMESPACE` or `USER_NAMESPACE`), or "" and why they cannot."""
-    if confine.new_pid_namespace():
-        if _tried(confine.mount_private_proc, own_pid_namespace):
-            return ROOT_NAMESPACE, ""
-        root_refusal = "unavailable: cannot mount a private /proc (no mount namespace)"
-    else:
-        root_refusal = f"unavailable: unshare(CLONE_NEWPID): {os.strerror(ctypes.get_errno() or 1)} (needs root)"
-    reason = confine.user_namespaces_refused()
-    if not reason:
-        return USER_NAMESPACE, ""
-    return "", f"{root_refusal}; {reason}"
-
-
-def _tried(step: Any, own_pid_namespace: int) -> bool:
-    """Whether `step` works in the PID 1 of the namespace `new_pid_namespace` just made (a throwaway child)."""
-    pid = os.fork()
-    if pid == 0:
-        try:
-            step()
-            os._exit(0)
-        except BaseException:
-            os._exit(1)
-    confine.restore_pid_namespace(own_pid_namespace)
-    _, status = os.waitpid(pid, 0)
-    return status == 0
+USER_NAMESPACE_NOTES = {confine.ROOT_NAMESPACE: "not needed (started as root)",
+                        confine.USER_NAMESPACE: "private (the user's own uid and gid mapped), with network and IPC "
+                                                "namespaces"}
 
 
 def _reap(jobs: dict[int, tuple[str, int | None, int]], reports: dict[int, tuple[str, bytearray]],
