@@ -20,7 +20,6 @@ class Launch:
     filename: str
     grid: tuple[int, ...] | None
     own: bool
-    stream: int = 0  # the CUDA stream it was launched on (0 without CUDA)
     tensor_args: list[torch.Tensor] = field(default_factory=list, repr=False)
 
 
@@ -78,7 +77,6 @@ class LaunchRecorder:
             filename=filename,
             grid=_resolve_grid(kernel_fn, grid, args, kwargs),
             own=filename in self.own_files,
-            stream=torch.cuda.current_stream().cuda_stream if torch.cuda.is_initialized() else 0,
             # Kept only while a hook needs them: holding every launch's tensors would pin every output in memory.
             tensor_args=[a for a in list(args) + list(kwargs.values()) if isinstance(a, torch.Tensor)]
             if self.after_launch is not None else [],

@@ -21,6 +21,7 @@ from typing import Any, Callable
 
 from drkernel.sandbox import seccomp
 from drkernel.sandbox.channel import Channel
+from drkernel.schema import ErrorKind, Status
 
 TELL, ASK, REPLY = "tell", "ask", "reply"  # a message to the judge: no answer awaited, one awaited, the request's end
 HIGHEST_CHANNEL_FD = 4095
@@ -80,7 +81,8 @@ class CandidateThread:
             try:
                 reply, reply_payloads = self.handle(header, payloads)
             except BaseException as exc:  # the handler answers failures itself; this is the harness's own
-                reply, reply_payloads = {"failure": {"status": "crashed", "kind": "SandboxError",
+                reply, reply_payloads = {"failure": {"status": Status.CRASHED.value,
+                                                     "kind": ErrorKind.SANDBOX_ERROR.value,
                                                      "message": f"the subject's handler failed: {exc!r}",
                                                      "traceback": ""}}, []
             self.to_judge.put((REPLY, reply, reply_payloads))

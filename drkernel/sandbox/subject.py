@@ -396,8 +396,8 @@ class Subject:
             self.findings.add(
                 guards.BACKGROUND_WORK,
                 f"forward worked outside its own thread (threads started: {started}, running: {threads or 'none'}, "
-                f"a process still running: {'yes' if new_children else 'no'}): all work must be done, on the GPU's current "
-                "stream, before forward returns.",
+                f"a process still running: {'yes' if new_children else 'no'}): all work must be done, on the GPU's "
+                "current stream, before forward returns.",
             )
         self.state_guard.check(self.findings)
         return out, dict(Counter(launch.name for launch in own))
