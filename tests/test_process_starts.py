@@ -15,19 +15,19 @@ SPEC.loader.exec_module(process_starts)
 
 
 def test_the_summary_counts_processes_over_the_whole_span():
-    records = [(0.0, 0.5, 1.0), (1.0, 1.2, 2.0), (0.2, 0.4, 4.0)]  # (fork, ready, reaped)
+    records = [(0.0, 0.1, 0.5, 1.0), (1.0, 1.1, 1.2, 2.0), (0.2, 0.3, 0.4, 4.0)]  # (fork, initialised, ready, reaped)
     assert process_starts.summarize(records, 2) == {
-        "lanes": 2, "processes": 3, "per_s": 0.75, "start_s": 0.2, "end_s": 0.8}
+        "lanes": 2, "processes": 3, "per_s": 0.75, "start_s": 0.2, "init_s": 0.1, "end_s": 0.8}
     assert process_starts.summarize([], 1) == {"lanes": 1, "processes": 0}
 
 
 @pytest.mark.parametrize("warm", ["profiler", "kernel"])
 def test_lanes_start_processes_one_after_another_and_the_file_holds_each_count(tmp_path, capsys, warm):
     assert process_starts.main(["--device", "cpu", "--warm", warm, "--lanes", "1,2", "--seconds", "0.3",
-                                "--out", str(tmp_path)]) == 0
+                                "--gpus", "2", "--out", str(tmp_path)]) == 0
     data = json.loads((tmp_path / "process_starts.json").read_text())
     rows = data["rows"]
-    assert data["warm"] == warm
+    assert data["warm"] == warm and data["gpus"] == 2
     assert [row["lanes"] for row in rows] == [1, 2]
     assert all(row["processes"] >= row["lanes"] and row["per_s"] > 0 and row["start_s"] >= 0 for row in rows)
     assert "lanes 2:" in capsys.readouterr().out

@@ -171,7 +171,7 @@ def child_main(job: dict[str, Any], parent_pid: int, inherited_fds: list[int], r
             subject_main(job, scratch, subject_end, device, os.getppid(), private_proc, gate_named)
         subject_end.close()
         ctypes.CDLL(None).prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)  # the subject cannot trace it or open its descriptors
-        _prepare(device)
+        _prepare(device, profiles=False)
         gate = DeviceGate.for_workdir(Path(workdir), lambda waiting: channel.report(report_fd, {"waiting": waiting}))
         started = time.perf_counter()
         confinement = confine.confine(workdir, job["triton_cache"], private_proc)
@@ -214,7 +214,7 @@ def subject_main(job: dict[str, Any], scratch: Path, conn: Any, device: torch.de
         os.environ.update(HOME=str(scratch), TMPDIR=str(scratch),
                           TORCHINDUCTOR_CACHE_DIR=str(scratch / "torchinductor"))
         tempfile.tempdir = str(scratch)
-        _prepare(device)
+        _prepare(device, profiles=True)
         conn = relay.channel_out_of_the_way(conn)
         layers = confine.confine(str(scratch), job["triton_cache"], private_proc, filter_syscalls=True)
         subject.serve(channel.Channel(conn), scratch, device, gate_hooks=gate_named and device.type == "cuda",
@@ -229,12 +229,13 @@ def subject_main(job: dict[str, Any], scratch: Path, conn: Any, device: torch.de
     os._exit(code)
 
 
-def _prepare(device: torch.device) -> None:
-    """A process's start-up before the evaluation; what it made is then frozen out of the garbage collector (below)."""
+def _prepare(device: torch.device, profiles: bool) -> None:
+    """A process's start-up before the evaluation; what it made is then frozen out of the garbage collector (below).
+    Only the subject, which profiles the candidate, starts the profiler (CUPTI) here."""
     try:
         if device.type == "cuda":
             torch.cuda.init()
-        startup.warm_up(device)
+        startup.warm_up(device, profiles)
     except Exception as exc:
         raise isolate.blame_address_space("CUDA" if device.type == "cuda" else "the evaluation", exc) from exc
     _freeze_start_up()

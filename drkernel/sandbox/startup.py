@@ -43,12 +43,14 @@ def call_dynamo_disabled_directly() -> None:
 
 
 
-def warm_up(device: torch.device) -> None:
+def warm_up(device: torch.device, profiles: bool = True) -> None:
     """Start-up costs paid before the evaluation's start signal, while the previous evaluation may still run:
-    the CUDA context, the profiler's CUPTI initialisation, the caching allocator."""
+    the CUDA context, the caching allocator and, in a process that will profile (the subject), CUPTI's
+    initialisation. The judge never profiles, and every process start adds to a host's busiest lock
+    (docs/performance.md)."""
     if device.type != "cuda":
         return
-    with profiling.cuda_profiler(cpu=False):
+    with profiling.cuda_profiler(cpu=False) if profiles else contextlib.nullcontext():
         torch.ones(1, device=device).add_(1)
         torch.cuda.synchronize()
 
