@@ -366,6 +366,19 @@ def test_cuda_call_timer_counts_work_left_running_on_other_streams() -> None:
     assert timer.unjoined_ms == pytest.approx(0.51 - 0.01 - timing.UNJOINED_FLOOR_MS)
 
 
+def test_the_hosts_wait_counts_as_work_left_running_only_beyond_a_share_of_the_call(monkeypatch) -> None:
+    """A long call's wait for the idle device grows with the host's load: up to UNJOINED_SHARE of the call it is
+    jitter, never counted; beyond, the whole wait past an empty call's is."""
+    monkeypatch.setattr(timing.CallTimer, "_events_around",
+                        lambda self, fn, args, segments=0: (None, 0.1, self.waited, 3.0))  # a 3 ms call
+    timer = _recording_cuda_timer([], waited_ms=0.0)
+    timer.waited = 0.01 + 0.1  # 0.1 ms past an empty call's wait: under 5% of 3 ms
+    assert timer.timed(lambda: None, [])[1] == 3.0 and timer.unjoined_ms == 0.0
+    timer.waited = 0.01 + 0.4
+    assert timer.timed(lambda: None, [])[1] == pytest.approx(3.4)
+    assert timer.unjoined_ms == pytest.approx(0.4 - timing.UNJOINED_SHARE * 3.0)
+
+
 def test_coverage_counts_only_exactly_named_own_kernels() -> None:
     times = {"add_kernel": 80.0, "add_kernel_2": 10.0, "void at::native::elementwise": 10.0}
     calls = {"add_kernel": 2, "add_kernel_2": 2, "void at::native::elementwise": 2}
