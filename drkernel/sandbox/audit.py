@@ -114,7 +114,9 @@ def _kind(event: str, args: tuple, writable: tuple[str, ...]) -> str | None:
     if event in FRAME_EVENTS or (event == "object.__getattr__" and len(args) > 1 and args[1] in FRAME_ATTRIBUTES):
         return "frame"
     if event == "object.__getattr__" and len(args) > 1 and args[1] in CODE_ATTRIBUTES and _harness(args[0]):
-        return "refuse"  # its code holds what the harness's hooks in the libraries use (`sealed`)
+        # Its code holds what the harness's hooks in the libraries use (`sealed`). A frame's code only when asked
+        # for directly: torch's compiler reads every frame's on the stack to record where it traced from.
+        return "frame" if args[1] == "f_code" else "refuse"
     if event == "open":
         return None if not _writes(args) or _inside(args[0], writable) else "refuse"
     if event in PATH_EVENTS:
