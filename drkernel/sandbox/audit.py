@@ -23,7 +23,8 @@ import os
 import sys
 import sysconfig
 import threading
-from typing import Callable
+import types
+from typing import Any, Callable
 
 REFUSED = {
     "gc.get_objects", "gc.get_referrers", "gc.get_referents", "sys._current_frames", "sys.settrace",
@@ -52,79 +53,121 @@ STDLIB = sysconfig.get_paths()["stdlib"]
 _state = threading.local()
 
 
+WATCH_EVENT = "drkernel.audit.watch"
+# Reads of a function's (or a frame's) code and defaults: refused where they are the harness's own.
+CODE_ATTRIBUTES = {"__code__", "__defaults__", "__kwdefaults__", "f_code"}
+HARNESS_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep  # the drkernel package
+SEALED = "drkernel.audit.sealed"  # the constant `sealed` replaces
+
+
 class CandidateAudit:
-    """The hook's state: which file is the candidate's, where it may write, and who to tell about a refusal."""
+    """Adds the hook, once. What it watches (the candidate's file, where it may write, who to tell) lives in the
+    hook's closure alone, set once by `watch`: audit hooks cannot be listed, so no object the candidate can reach
+    holds that state, or the subject it reports to (whose findings, timer and relay would otherwise be a chain of
+    attributes away from any harness module)."""
 
     def __init__(self) -> None:
-        self.candidate_file: str | None = None
-        self.writable: tuple[str, ...] = ()
-        self.on_violation: Callable[[str], None] = lambda event: None
         self._installed = False
 
     def install(self) -> None:
         if not self._installed:
-            sys.addaudithook(self._hook)
+            sys.addaudithook(_hook())
             self._installed = True
 
-    def watch(self, candidate_file: str, writable: list[str], on_violation: Callable[[str], None]) -> None:
-        """From now on, refuse what the code of `candidate_file` does outside `writable` (folders)."""
-        self.writable = tuple(os.path.realpath(p) + os.sep for p in writable if p)
-        self.on_violation = on_violation
-        self.candidate_file = candidate_file
+    @staticmethod
+    def watch(candidate_file: str, writable: list[str], on_violation: Callable[[str], None]) -> None:
+        """From now on, refuse what the code of `candidate_file` does outside `writable` (folders). Only the first
+        call counts: a candidate cannot point the hook elsewhere."""
+        sys.audit(WATCH_EVENT, candidate_file, tuple(os.path.realpath(p) + os.sep for p in writable if p),
+                  on_violation)
 
-    def _hook(self, event: str, args: tuple) -> None:
-        if self.candidate_file is None or getattr(_state, "busy", False):
+
+def _hook() -> Callable[[str, tuple], None]:
+    candidate_file: str | None = None
+    writable: tuple[str, ...] = ()
+    on_violation: Callable[[str], None] = lambda event: None
+
+    def hook(event: str, args: tuple) -> None:
+        nonlocal candidate_file, writable, on_violation
+        if event == WATCH_EVENT:
+            if candidate_file is None:
+                candidate_file, writable, on_violation = args
             return
-        kind = self._kind(event, args)
-        if kind is None:
+        if candidate_file is None or getattr(_state, "busy", False):
             return
-        _state.busy = True  # sys._getframe below raises an audit event of its own
+        _state.busy = True  # what the hook reads (a frame, a function's code) raises audit events of its own
         try:
-            refused = self._refused(kind, event, sys._getframe(1))
+            kind = _kind(event, args, writable)
+            refused = kind is not None and _refused(candidate_file, kind, sys._getframe(1))
         finally:
             _state.busy = False
         if refused:
-            self.on_violation(event if kind != "import" else f"import {args[0]}")
+            on_violation(event if kind != "import" else f"import {args[0]}")
             if kind not in ("record", "import"):  # recorded, not stopped: a crash they cause stays a crash
                 raise PermissionError(f"drkernel sandbox: {event} is not allowed in a candidate")
 
-    def _kind(self, event: str, args: tuple) -> str | None:
-        """What the event is, if it is watched at all: "frame", "process", "record", "import" or "refuse"."""
-        if event in FRAME_EVENTS or (event == "object.__getattr__" and len(args) > 1 and args[1] in FRAME_ATTRIBUTES):
-            return "frame"
-        if event == "open":
-            return None if not _writes(args) or self._inside(args[0]) else "refuse"
-        if event in PATH_EVENTS:
-            paths = [args[i] for i in PATH_EVENTS[event] if i < len(args)]
-            return None if all(self._inside(p) for p in paths) else "refuse"
-        if event in PROCESS_EVENTS:
-            return "process"
-        if event in REFUSED:
-            return "refuse"
-        if event.startswith("ctypes."):
-            return "record"
-        if event == "import" and args and isinstance(args[0], str) and args[0].startswith(CUDA_BINDINGS):
-            name = args[0]
-            return "import" if any(name == b or name.startswith(b + ".") for b in CUDA_BINDINGS) else None
-        return None
+    return hook
 
-    def _refused(self, kind: str, event: str, frame: object) -> bool:
-        assert self.candidate_file is not None
-        if kind == "frame":
-            return called_directly(self.candidate_file, frame)
-        on_stack, compiler = on_call_stack(self.candidate_file, frame)
-        if kind in ("record", "import"):  # torch or Triton acting on their own behalf uses these legitimately
-            return on_stack and not any(lib in _acting_file(frame) for lib in TRUSTED_LIBRARIES)
-        return on_stack and not (kind == "process" and compiler)
 
-    def _inside(self, path: object) -> bool:
-        if isinstance(path, int) or path is None:  # an open descriptor: the path was checked when it was opened
-            return True
-        try:
-            real = os.path.realpath(os.fsdecode(path))  # type: ignore[arg-type]
-        except (TypeError, ValueError):
-            return False
-        return real == os.devnull or (real + os.sep).startswith(self.writable)
+def _kind(event: str, args: tuple, writable: tuple[str, ...]) -> str | None:
+    """What the event is, if it is watched at all: "frame", "process", "record", "import" or "refuse"."""
+    if event in FRAME_EVENTS or (event == "object.__getattr__" and len(args) > 1 and args[1] in FRAME_ATTRIBUTES):
+        return "frame"
+    if event == "object.__getattr__" and len(args) > 1 and args[1] in CODE_ATTRIBUTES and _harness(args[0]):
+        # Its code holds what the harness's hooks in the libraries use (`sealed`). A frame's code only when asked
+        # for directly: torch's compiler reads every frame's on the stack to record where it traced from.
+        return "frame" if args[1] == "f_code" else "refuse"
+    if event == "open":
+        return None if not _writes(args) or _inside(args[0], writable) else "refuse"
+    if event in PATH_EVENTS:
+        paths = [args[i] for i in PATH_EVENTS[event] if i < len(args)]
+        return None if all(_inside(p, writable) for p in paths) else "refuse"
+    if event in PROCESS_EVENTS:
+        return "process"
+    if event in REFUSED:
+        return "refuse"
+    if event.startswith("ctypes."):
+        return "record"
+    if event == "import" and args and isinstance(args[0], str) and args[0].startswith(CUDA_BINDINGS):
+        name = args[0]
+        return "import" if any(name == b or name.startswith(b + ".") for b in CUDA_BINDINGS) else None
+    return None
+
+
+def _refused(candidate_file: str, kind: str, frame: object) -> bool:
+    if kind == "frame":
+        return called_directly(candidate_file, frame)
+    on_stack, compiler = on_call_stack(candidate_file, frame)
+    if kind in ("record", "import"):  # torch or Triton acting on their own behalf uses these legitimately
+        return on_stack and not any(lib in _acting_file(frame) for lib in TRUSTED_LIBRARIES)
+    return on_stack and not (kind == "process" and compiler)
+
+
+def _harness(value: object) -> bool:
+    """Whether a function or a frame is the harness's own, by its code's file (which cannot change)."""
+    code = value.f_code if isinstance(value, types.FrameType) else getattr(value, "__code__", None)
+    return isinstance(code, types.CodeType) and code.co_filename.startswith(HARNESS_DIR)
+
+
+def sealed(fn: Callable[..., Any], value: object, name: str) -> Callable[..., Any]:
+    """`fn` with `value` in its code where `fn`'s code has the constant SEALED, and no globals: `value` is then
+    reachable only through the function's `__code__`, which the hook refuses candidate code (a closure's cells, a
+    function's globals and a bound method's `__self__` are read, and cells written, without any audit event)."""
+    code = fn.__code__
+    sealed_fn = types.FunctionType(code.replace(co_consts=tuple(value if c == SEALED else c for c in code.co_consts)),
+                                   {}, name)
+    sealed_fn.__qualname__ = name
+    return sealed_fn
+
+
+def _inside(path: object, writable: tuple[str, ...]) -> bool:
+    if isinstance(path, int) or path is None:  # an open descriptor: the path was checked when it was opened
+        return True
+    try:
+        real = os.path.realpath(os.fsdecode(path))  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return False
+    return real == os.devnull or (real + os.sep).startswith(writable)
 
 
 AUDIT = CandidateAudit()

@@ -58,16 +58,19 @@ class CandidateThread:
     def serve(self) -> None:
         """The harness's thread: receive a request, relay the handler's messages, until `finish` is answered."""
         gc.disable()  # collections run on the candidate's thread (`collect`), never here
+        # Bound here, before any candidate code runs: a candidate that reached this object and swapped its queue for
+        # one of its own would have its code run on this thread, which holds the channel.
+        conn, to_worker, to_judge = self.conn, self.to_worker, self.to_judge
         _thread.start_new_thread(self._work, ())  # no threading.Thread: nothing in `threading` leads to it
         while True:
-            request = self.conn.receive()
-            self.to_worker.put(request)
+            request = conn.receive()
+            to_worker.put(request)
             while True:
-                kind, header, payloads = self.to_judge.get()
-                self.conn.send(header, payloads)
+                kind, header, payloads = to_judge.get()
+                conn.send(header, payloads)
                 if kind == REPLY:
                     break
-                self.to_worker.put(self.conn.receive() if kind == ASK else None)
+                to_worker.put(conn.receive() if kind == ASK else None)
             if request[0].get("op") == "finish":
                 return
 

@@ -427,19 +427,9 @@ class Subject:
         if not hasattr(knobs.runtime, "jit_post_compile_hook"):
             return
         state = {"compiling": False}
-
-        def before(*args: Any, **kwargs: Any) -> None:
-            if not state["compiling"]:
-                self._sync()
-                self.thread.tell({"compile": "start"})
-                state["compiling"] = True
-            return None  # anything true would make Triton skip the compilation
-
-        def after(*args: Any, **kwargs: Any) -> None:
-            if state["compiling"]:
-                state["compiling"] = False
-                self.thread.ask({"compile": "end"})  # answered once the judge holds the gate again
-
+        # Sealed: Triton's knobs are the candidate's to read, and a closure over this object would hand it over.
+        before = audit.sealed(_compile_started, (self.thread.tell, torch.cuda.synchronize, state), "compile_started")
+        after = audit.sealed(_compile_ended, (self.thread.ask, state), "compile_ended")
         knobs.runtime.jit_cache_hook, knobs.runtime.jit_post_compile_hook = before, after
 
     # -- helpers ---------------------------------------------------------------------------------------------
@@ -475,6 +465,24 @@ class Subject:
 
 def _nothing(*args: Any) -> None:
     """The null call: the judge's calibration of what a timed call costs around the call itself."""
+
+
+def _compile_started(*args: Any, **kwargs: Any) -> None:
+    """Triton's hook before a compilation: the judge is told once this process's queued work is done (`sealed`)."""
+    tell, sync, state = "drkernel.audit.sealed"  # type: ignore[misc]
+    if not state["compiling"]:
+        sync()
+        tell({"compile": "start"})
+        state["compiling"] = True
+    return None  # anything true would make Triton skip the compilation
+
+
+def _compile_ended(*args: Any, **kwargs: Any) -> None:
+    """Triton's hook after a compilation: returns once the judge holds the gate again (`sealed`)."""
+    ask, state = "drkernel.audit.sealed"  # type: ignore[misc]
+    if state["compiling"]:
+        state["compiling"] = False
+        ask({"compile": "end"})
 
 
 def _cloned(value: Any) -> Any:
