@@ -110,9 +110,10 @@ def test_distinct_answers_show_a_collapse():
 
 def _write_bench(folder: Path, shares: dict[str, int]) -> None:
     folder.mkdir(parents=True)
-    rows = [{"task": task, "level": None, "sample": s, "turn": t, "status": "correct" if s < shares[task] else "incorrect",
-             "result": {"correct": s < shares[task], "speedup": 2.0 if s < shares[task] else 0.5}, "reward": 0.0,
-             "code": f"answer {s}"} for task in TASKS for s in range(SAMPLES) for t in (1, 2)]
+    rows = [{"task": task, "level": None, "sample": s, "turn": t, "reward": 0.0, "code": f"answer {s}",
+             "status": "correct" if s < shares[task] else "incorrect",
+             "result": {"correct": s < shares[task], "speedup": 2.0 if s < shares[task] else 0.5}}
+            for task in TASKS for s in range(SAMPLES) for t in (1, 2)]
     (folder / "trajectories.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
 
 

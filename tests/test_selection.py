@@ -26,7 +26,8 @@ def _run(folder: Path, scores: dict[int, float], saved: tuple[int, ...] | None =
         policy = folder / "validation" / f"step_{step}" / "policy"
         policy.mkdir(parents=True)
         (policy / "adapter_model.safetensors").write_bytes(f"weights of step {step}".encode())
-        (policy / "adapter_config.json").write_text(json.dumps({"base_model_name_or_path": str(folder.parent / "sft-s1" / "final")}))
+        base = str(folder.parent / "sft-s1" / "final")
+        (policy / "adapter_config.json").write_text(json.dumps({"base_model_name_or_path": base}))
     if final:
         (folder / "final").mkdir()
     return folder
@@ -58,7 +59,8 @@ def test_pack_copies_each_selected_policy_with_its_digests(tmp_path, capsys):
     assert "2 policies" in capsys.readouterr().out
     manifest = json.loads((tmp_path / "pack" / "manifest.json").read_text())
     recipe, grpo = manifest["policies"]
-    assert (recipe["name"], recipe["step"], recipe["seed"], grpo["step"], grpo["seed"]) == ("recipe-s1", 20, 1, 10, None)
+    assert (recipe["name"], recipe["step"], recipe["seed"]) == ("recipe-s1", 20, 1)
+    assert (grpo["step"], grpo["seed"]) == (10, None)
     weights = tmp_path / "pack" / "recipe-s1" / "adapter_model.safetensors"
     assert weights.read_bytes() == b"weights of step 20"
     assert recipe["files"]["adapter_model.safetensors"] == {
