@@ -1,10 +1,10 @@
 """The miniature reproduction of Dr. Kernel, one command per stage (docs/miniature.md).
 
-    python benchmarks/miniature.py STAGE... [--profile gpu|cpu] [--root runs/mini] [--base GGUF] [--gpus N]
+    python benchmarks/miniature.py STAGE... [--profile gpu|study|cpu] [--root runs/mini] [--base GGUF] [--gpus N]
                                             [--time-limit-s S] [--policies sft grpo trloo recipe recipe-s1 ...]
                                             [--single-turn SHARES] [--first-turn SHARES] [--sft-args ARGS]
                                             [--bench-args ARGS]
-                                            [--rl-set KEY=VALUE ...]
+                                            [--rl-set KEY=VALUE ...] [--whole-replicates]
 
 Stages, in order (`all` runs them all):
   splits    the train / validation / test splits (`drkernel synth`; seeded, seconds)
@@ -14,15 +14,18 @@ Stages, in order (`all` runs them all):
   mix       the SFT mix (drkernel.train.synthetic_sft; its two-turn rows are judged by KernelGym)
   sft       the cold-start SFT (drkernel.train.sft) from ROOT/base -> ROOT/sft/final: on the GPU every weight
             trains (a LoRA adapter did not learn the fused kernels, docs/miniature.md), so the policy (269 MB) is
-            rebuilt from its seeds on each new machine, 200 s; the CPU profile trains a LoRA adapter
-  rl        (b) GRPO, (c) TRLOO, (d) TRLOO + PR + PRS, same budget each (`drkernel train`, LoRA adapters over the
-            SFT policy) -> ROOT/rl/NAME
+            rebuilt from its seeds on each new machine, 200 s; the CPU profile trains a LoRA adapter; `sft-sN` is
+            the SFT with seed N -> ROOT/sft-sN/final, the start of every RL replicate N with --whole-replicates
+  rl        (b) GRPO, (c) TRLOO, (d) TRLOO + PR + PRS, (e) `recipemrs`, (d) with MRS, same budget each
+            (`drkernel train`, LoRA adapters over the SFT policy) -> ROOT/rl/NAME; with validation, each validated
+            policy is kept and the later stages take the one chosen on the validation split (drkernel.train.selection)
   probe     each policy's first answers on the first train tasks, the RL runs' prompts (`drkernel bench`, one turn,
             the same seeds): the SFT policy's before RL spends GPU time (does it sample the kinds the recipe
             rewards?), an RL policy's after its run (what the run moved, prompts held fixed) -> ROOT/probe/NAME
   bench     the SFT policy (a) and the three RL policies on the test split (`drkernel bench`) -> ROOT/bench/NAME
-  stts      (a) and (d) over more turns, topk context -> ROOT/stts/NAME
+  stts      (a), (d) and (e) over more turns, topk context -> ROOT/stts/NAME
   transfer  every policy on the KernelBench level-1 problems of the same kinds -> ROOT/transfer/NAME
+  pack      each RL run's chosen policy (a LoRA adapter) with a manifest of sizes and sha256 -> ROOT/pack
   report    `drkernel report` over each stage's run folders, the SFT policy's first (the differences table sets
             each policy against it) -> ROOT/report/STAGE
 
@@ -46,48 +49,61 @@ import argparse
 import dataclasses
 import functools
 import importlib
+import importlib.util
 import json
 import os
 import shlex
-import signal
-import subprocess
 import sys
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO
+from types import ModuleType
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))  # drkernel from this checkout, also where it is not installed (the GPU machine)
-STAGES = ("splits", "base", "mix", "sft", "rl", "probe", "bench", "stts", "transfer", "report")
-CLI = "drkernel.cli.main"
+from drkernel.train.selection import select_policy  # noqa: E402  (standard library only)
+
+
+def _load_beside(stem: str) -> ModuleType:
+    """benchmarks/STEM.py as module STEM (registered, so its dataclasses find their module), however this script
+    was loaded."""
+    spec = importlib.util.spec_from_file_location(stem, Path(__file__).resolve().parent / f"{stem}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[stem] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+process_pool = _load_beside("process_pool")
+CLI, Job, Step, ProcessPool, missing = (process_pool.CLI, process_pool.Job, process_pool.Step,
+                                        process_pool.ProcessPool, process_pool.missing)
+STAGES = ("splits", "base", "mix", "sft", "rl", "probe", "bench", "stts", "transfer", "pack", "report")
 # (name, settings that differ): the ablations of stage 2, same budget each; `grpostd` is GRPO divided by the std,
-# asked for by name only (`grpo` without it is TRLOO up to a constant Adam cancels: docs/miniature.md)
+# asked for by name only (`grpo` without it is TRLOO up to a constant Adam cancels: docs/miniature.md), and so is
+# `recipemrs`, the recipe with MRS on (the study's (e): sampling from a bf16 copy, training and sampling differ)
 RL_RUNS = (
     ("grpo", ("advantage_estimator=grpo", "profiling_reward=false", "prs=false")),
     ("trloo", ("advantage_estimator=trloo", "profiling_reward=false", "prs=false")),
     ("recipe", ("advantage_estimator=trloo", "profiling_reward=true", "prs=true")),
     ("grpostd", ("advantage_estimator=grpo_std", "profiling_reward=false", "prs=false")),
+    ("recipemrs", ("advantage_estimator=trloo", "profiling_reward=true", "prs=true", "mrs=true")),
 )
 POLICIES = ("sft",) + tuple(name for name, _ in RL_RUNS)
 DEFAULT_POLICIES = ("sft", "grpo", "trloo", "recipe")  # the issue's (a) to (d)
-STTS_POLICIES = ("sft", "recipe")  # (a) and (d)
-REPLICATE = "-s"  # `recipe-s1`: a replicate of the recipe's run with seed 1, in its own folder
+STTS_POLICIES = ("sft", "recipe", "recipemrs")  # (a), (d) and (e)
+REPLICATE = "-s"  # `recipe-s1`: a replicate of the recipe's run with seed 1, in its own folder; `sft-s1`: the SFT
 INCOMPLETE = 3  # exit status: the time limit stopped runs that a rerun continues
 PER_POLICY = ("rl", "probe", "bench", "stts", "transfer")  # the stages with a run per policy
-POLL_S = 0.2  # how often the pool looks at its processes
-LOAD_EVERY_S = 60.0  # how often the pool prints the host's load (four runs at once made evaluations 2.4x as long)
 
 
 def ablation(name: str) -> tuple[str, int | None]:
-    """A policy's name as (its run, the replicate's seed): `recipe` -> ("recipe", None), `recipe-s1` -> ("recipe", 1)
-    (one run of the recipe lifted the policy and the next did not: one run a setting cannot tell an effect from
-    its seed)."""
+    """A policy's name as (its run, the replicate's seed): `recipe` -> ("recipe", None), `recipe-s1` -> ("recipe", 1),
+    `sft-s1` -> ("sft", 1) (one run of the recipe lifted the policy and the next did not: one run a setting cannot
+    tell an effect from its seed)."""
     run, _, seed = name.partition(REPLICATE)
-    if run not in POLICIES or (seed and (run == "sft" or not seed.isdigit())) or (REPLICATE in name and not seed):
-        raise ValueError(f"{name!r} is not a policy: one of {', '.join(POLICIES)}, or an RL run with a replicate's "
-                         f"seed, e.g. recipe{REPLICATE}1")
+    if run not in POLICIES or (seed and not seed.isdigit()) or (REPLICATE in name and not seed):
+        raise ValueError(f"{name!r} is not a policy: one of {', '.join(POLICIES)}, or one with a replicate's seed, "
+                         f"e.g. recipe{REPLICATE}1")
     return run, int(seed) if seed else None
 
 
@@ -169,6 +185,11 @@ PROFILES = {
 }
 
 
+# the study (docs/miniature.md, its protocol): the GPU reproduction with the runs' budget in one config, validation
+# every 10 steps on 16 validation tasks, and model selection on it
+PROFILES["study"] = dataclasses.replace(PROFILES["gpu"], n_validation=16, rl_config="examples/mini/rl_study.yaml")
+
+
 def _finished(out: Path) -> bool:
     """Whether the bench run in `out` has every planned trajectory complete, by its summary."""
     try:
@@ -178,41 +199,12 @@ def _finished(out: Path) -> bool:
     return summary.get("planned_trajectories", 0) > 0 and summary.get("incomplete_trajectories") == 0
 
 
-@dataclass(frozen=True)
-class Job:
-    """A stage's run for one policy in the pool: made into its command line only when a GPU takes it, since a
-    bench's line depends on what is on disk then (`--resume`, or nothing to do)."""
-
-    stage: str
-    policy: str  # "" for a stage run once
-    make: Callable[[], list[Step]]
-    needs: Path | None = None  # the RL policy it runs: the job waits while `rl POLICY` is pending or running
-
-    @property
-    def name(self) -> str:
-        return f"{self.stage} {self.policy}".strip()
-
-
-@dataclass
-class Step:
-    """One command line: `python -m MODULE ARGS`, where MODULE is drkernel's CLI or a drkernel script module."""
-
-    name: str
-    module: str
-    args: list[str]
-
-    def argv(self) -> list[str]:
-        return [sys.executable, "-m", self.module, *self.args]
-
-    def shown(self) -> str:
-        head = "drkernel" if self.module == CLI else f"python -m {self.module}"
-        return f"{head} {shlex.join(self.args)}"
-
-
-class Pipeline:
+class Pipeline(ProcessPool):
     def __init__(self, root: Path, profile: Profile, gpus: int, time_limit_s: float | None, dry_run: bool,
-                 per_gpu: int = 1, policies: tuple[str, ...] = DEFAULT_POLICIES, base: str | None = None) -> None:
+                 per_gpu: int = 1, policies: tuple[str, ...] = DEFAULT_POLICIES, base: str | None = None,
+                 whole_replicates: bool = False) -> None:
         self.root, self.p, self.gpus, self.dry_run, self.per_gpu = root, profile, gpus, dry_run, per_gpu
+        self.whole_replicates = whole_replicates  # NAME-sN trains from sft-sN (the study), not from sft
         self.base_source = base  # --base
         self.policies = tuple(dict.fromkeys(policies))  # trained, benched, stts'd, transferred; in this order
         self.deadline = time.monotonic() + time_limit_s if time_limit_s else None
@@ -251,20 +243,40 @@ class Pipeline:
                 *(["--first-turn", p.sft_first_turn] if p.sft_first_turn else [])]))
         return steps
 
+    def start_of(self, name: str) -> str:
+        """The SFT policy an RL run trains from: sft-sN for replicate N with whole replicates, else sft."""
+        return f"sft{REPLICATE}{ablation(name)[1]}" if self.whole_replicates and ablation(name)[1] else "sft"
+
+    def sft_policies(self) -> tuple[str, ...]:
+        """The SFT policies asked for (sft, sft-sN) and those the asked RL runs start from; sft when none."""
+        asked = [name for name in self.policies if ablation(name)[0] == "sft"]
+        starts = [self.start_of(name) for name in self.policies if ablation(name)[0] != "sft"]
+        return tuple(dict.fromkeys(asked + starts)) or ("sft",)
+
     def sft(self) -> list[Step]:
-        if (self.root / "sft" / "final").exists():
-            return []
         base = self.root / "base"
         with_base = self.p.needs_base or self.base_source is not None or (base / "config.json").exists()
-        if with_base and not self.dry_run and not (base / "config.json").exists():
-            raise SystemExit(f"sft: no pretrained policy at {base}; run the base stage first (--base GGUF)")
-        start = ["--policy-path", str(base)] if with_base else []
-        return [Step("sft", "drkernel.train.sft", [
-            "--data", str(self.root / "sft_data" / "sft.jsonl"), "--out", str(self.root / "sft"), "--seed", "0",
-            *start, *self.p.sft_args])]
+        steps = []
+        for name in self.sft_policies():
+            if self.policy_path(name).exists():
+                continue
+            if with_base and not self.dry_run and not (base / "config.json").exists():
+                raise SystemExit(f"sft: no pretrained policy at {base}; run the base stage first (--base GGUF)")
+            start = ["--policy-path", str(base)] if with_base else []
+            steps.append(Step(name, "drkernel.train.sft", [
+                "--data", str(self.root / "sft_data" / "sft.jsonl"), "--out", str(self.root / name),
+                "--seed", str(ablation(name)[1] or 0), *start, *self.p.sft_args]))
+        return steps
 
     def policy_path(self, name: str) -> Path:
-        return self.root / ("sft" if name == "sft" else f"rl/{name}") / "final"
+        """Where a policy's run leaves its final policy (what tells that the run is done)."""
+        return self.root / (name if ablation(name)[0] == "sft" else f"rl/{name}") / "final"
+
+    def chosen_policy(self, name: str) -> Path:
+        """What the bench stages take: an RL run's policy chosen on validation (drkernel.train.selection)."""
+        if ablation(name)[0] == "sft" or self.dry_run and not self.policy_path(name).exists():
+            return self.policy_path(name)
+        return select_policy(self.root / "rl" / name).policy
 
     def rl(self, name: str) -> list[Step]:
         run, seed = ablation(name)
@@ -272,7 +284,8 @@ class Pipeline:
         out = self.root / "rl" / name
         if settings is None or (out / "final").exists():
             return []
-        args = ["train", "--config", str(REPO / self.p.rl_config), "--set", f"model={self.policy_path('sft')}",
+        args = ["train", "--config", str(REPO / self.p.rl_config),
+                "--set", f"model={self.policy_path(self.start_of(name))}",
                 "--set", f"tasks={self.root / 'train' / 'tasks'}",
                 "--set", f"validation_tasks={self.root / 'validation' / 'tasks'}", "--set", f"output_dir={out}",
                 # every judged turn with its task, advantage and code: what the update pushed towards, step by step
@@ -295,7 +308,7 @@ class Pipeline:
         if (out / "config.json").exists():
             args.append("--resume")  # asks only the turns still missing
         else:
-            args += ["--tasks", tasks, *extra, "--model", f"hf:{self.policy_path(policy)}", "--device", self.p.device,
+            args += ["--tasks", tasks, *extra, "--model", f"hf:{self.chosen_policy(policy)}", "--device", self.p.device,
                      "--workers", "1", "--turns", str(turns), "--samples", str(samples),
                      "--context", context, "--max-tokens", str(self.p.max_tokens), "--temperature", "1.0",
                      "--top-p", "0.95", "--seed", "0", "--profiling-reward", *self.p.generation_args,
@@ -318,6 +331,12 @@ class Pipeline:
         return self._bench(f"transfer {name}", name, self.p.transfer_tasks, self.root / "transfer" / name,
                            self.p.bench_turns, "full", self.p.transfer_samples, self.p.transfer_args)
 
+    def pack(self) -> list[Step]:
+        """The RL runs' chosen policies (LoRA adapters) with their sizes and sha256: what to keep to bench again."""
+        runs = [str(self.root / "rl" / name) for name in self.policies if ablation(name)[0] != "sft"
+                and (self.dry_run or self.policy_path(name).exists())]
+        return [Step("pack", "drkernel.train.pack", [*runs, "--out", str(self.root / "pack")])] if runs else []
+
     def report(self) -> list[Step]:
         steps = []
         order = {name: index for index, name in enumerate(POLICIES)}
@@ -336,11 +355,11 @@ class Pipeline:
 
     def applies(self, stage: str, name: str) -> bool:
         """Whether a per-policy stage has a run for this policy: no RL run makes the SFT policy, STTS takes two."""
-        return {"rl": name != "sft", "stts": ablation(name)[0] in STTS_POLICIES}.get(stage, True)
+        return {"rl": ablation(name)[0] != "sft", "stts": ablation(name)[0] in STTS_POLICIES}.get(stage, True)
 
     def needs(self, stage: str, name: str) -> Path | None:
         """The RL policy the run needs on disk before it can start (the SFT policy must exist: _bench says so)."""
-        return None if stage == "rl" or name == "sft" else self.policy_path(name)
+        return None if stage == "rl" or ablation(name)[0] == "sft" else self.policy_path(name)
 
     def run(self, stages: list[str]) -> None:
         """The stages in order. With GPUs, the per-policy stages asked for together are one pool of jobs, so a GPU
@@ -350,8 +369,9 @@ class Pipeline:
         for stage in stages:
             if stage in pooled:
                 if stage == pooled[0]:
-                    if not self.policy_path("sft").exists():
-                        raise SystemExit(f"{stage}: no policy at {self.policy_path('sft')}; run the sft stage first")
+                    for sft in self.sft_policies():
+                        if not self.policy_path(sft).exists():
+                            raise SystemExit(f"{stage}: no policy at {self.policy_path(sft)}; run the sft stage first")
                     self._run_pool([Job(stage, name, functools.partial(getattr(self, stage), name),
                                         self.needs(stage, name))
                                     for stage in pooled for name in self.policies if self.applies(stage, name)])
@@ -368,7 +388,7 @@ class Pipeline:
             for name in self.policies:
                 if not self.applies(stage, name):
                     continue
-                if not self.dry_run and _missing(self.needs(stage, name)):
+                if not self.dry_run and missing(self.needs(stage, name)):
                     print(f"[{stage}] {name}: not trained yet, left for a later call", flush=True)
                     continue
                 steps += getattr(self, stage)(name)
@@ -378,11 +398,11 @@ class Pipeline:
             print(f"[{stage}] {step.shown()}", flush=True)
         if self.dry_run:
             return
-        for step in steps:
-            if self.gpus == 0:
+        if self.gpus == 0:
+            for step in steps:
                 self._run_in_process(step)
-            else:
-                self._run_pool([Job(stage, "", functools.partial(list, [step]))])
+        elif steps:  # a stage's steps do not depend on each other (the SFT seeds train side by side)
+            self._run_pool([Job(stage, "", functools.partial(list, [step])) for step in steps])
 
     def _run_in_process(self, step: Step) -> None:
         """The command in this process (no interpreter and import start-up per step: the CPU test runs them all)."""
@@ -399,112 +419,6 @@ class Pipeline:
         if code not in (None, 0):
             raise SystemExit(f"{step.name} failed with exit status {code}: {step.shown()}")
         print(f"[{step.name}] {time.perf_counter() - started:.1f} s", flush=True)
-
-    def _devices(self) -> list[str]:
-        """The GPUs the runs go to: the first `gpus` of CUDA_VISIBLE_DEVICES where it is set, else 0..gpus-1."""
-        visible = [device.strip() for device in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if device.strip()]
-        if not visible:
-            return [str(index) for index in range(self.gpus)]
-        if len(visible) < self.gpus:
-            raise SystemExit(f"--gpus {self.gpus}, but CUDA_VISIBLE_DEVICES={os.environ['CUDA_VISIBLE_DEVICES']} "
-                             f"names {len(visible)}")
-        return visible[:self.gpus]
-
-    def _run_pool(self, jobs: list[Job]) -> None:
-        """Each job as a process on a free slot (`per_gpu` slots a GPU; logs in ROOT/logs/), in the order given,
-        a job that needs a policy only once it exists; one whose policy no pending or running job makes is left
-        for a later call. At the deadline the running processes are stopped (their checkpoints stay) and every
-        job not finished counts as incomplete: the same command continues them."""
-        devices, logs = self._devices(), self.root / "logs"
-        logs.mkdir(parents=True, exist_ok=True)
-        pending, running, failed = list(jobs), {}, []
-        load_due = time.monotonic() + LOAD_EVERY_S
-
-        def ready() -> Job | None:
-            return next((job for job in pending if not _missing(job.needs)), None)
-
-        while pending or running:
-            if running and time.monotonic() >= load_due:
-                load_due += LOAD_EVERY_S
-                print(f"[pool] {len(running)} running; {_host_load()}", flush=True)
-            for slot in (slot for slot in range(len(devices) * self.per_gpu) if slot not in running):
-                while (job := ready()) is not None:
-                    pending.remove(job)
-                    steps = job.make()
-                    if steps:
-                        running[slot] = self._start(job, steps, devices[slot // self.per_gpu], logs)
-                        break
-                    print(f"[{job.name}] done already", flush=True)
-            makers = {job.policy for job in [*pending, *(run[0] for run in running.values())] if job.stage == "rl"}
-            for job in [job for job in pending if _missing(job.needs) and job.policy not in makers]:
-                pending.remove(job)
-                print(f"[{job.stage}] {job.policy}: not trained yet, left for a later call", flush=True)
-            for slot, (job, step, process, log, started) in list(running.items()):
-                code = process.poll()
-                if code is None:
-                    continue
-                del running[slot]
-                log.close()
-                print(f"[{step.name}] exit {code} after {time.perf_counter() - started:.1f} s (log: "
-                      f"{logs / _log_name(step)})", flush=True)
-                if code != 0:
-                    failed.append(step.name)
-            if self.deadline is not None and time.monotonic() >= self.deadline:
-                for job, step, process, log, started in running.values():
-                    _stop(process)
-                    log.close()
-                    print(f"[{step.name}] stopped at the time limit after {time.perf_counter() - started:.1f} s",
-                          flush=True)
-                self.incomplete += [run[1].name for run in running.values()] + [job.name for job in pending]
-                break
-            time.sleep(POLL_S if running else 0)
-        if failed:
-            raise SystemExit(f"failed: {', '.join(failed)}; see {logs}")
-
-    def _start(self, job: Job, steps: list[Step], device: str,
-               logs: Path) -> tuple[Job, Step, subprocess.Popen, IO[str], float]:
-        (step,) = steps
-        print(f"[{job.stage}] {step.shown()} (GPU {device})", flush=True)
-        env = {**os.environ, "CUDA_VISIBLE_DEVICES": device,
-               "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
-        log = open(logs / _log_name(step), "a")
-        process = subprocess.Popen(step.argv(), env=env, stdout=log, stderr=subprocess.STDOUT, cwd=REPO,
-                                   start_new_session=True)
-        return job, step, process, log, time.perf_counter()
-
-
-def _missing(policy: Path | None) -> bool:
-    """Whether a run needs a policy (`Pipeline.needs`) that is not on disk yet."""
-    return policy is not None and not policy.exists()
-
-
-def _host_load() -> str:
-    """The host's load averages and, where Linux says it (/proc/loadavg), its threads: runnable now and in all. Many
-    more threads than CPUs, runnable at once, is the oversubscription four runs on four GPUs could not tell apart."""
-    one, five, _ = os.getloadavg()
-    said = f"host load {one:.1f} (1 min), {five:.1f} (5 min)"
-    try:
-        runnable, threads = Path("/proc/loadavg").read_text().split()[3].split("/")
-        said += f", {runnable} of {threads} threads runnable"
-    except (OSError, IndexError, ValueError):
-        pass
-    return f"{said} on {os.cpu_count()} CPUs"
-
-
-def _log_name(step: Step) -> str:
-    return step.name.replace(" ", "_") + ".log"
-
-
-def _stop(process: subprocess.Popen) -> None:
-    """SIGTERM to the run's process group (a trainer saves nothing more, its checkpoints stay), SIGKILL after 30 s."""
-    try:
-        os.killpg(process.pid, signal.SIGTERM)
-        process.wait(timeout=30)
-    except ProcessLookupError:  # it ended on its own meanwhile
-        pass
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
-    process.wait()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -540,26 +454,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--policies", nargs="+", type=_policy, default=list(DEFAULT_POLICIES),
                         help="the policies `rl`, `bench`, `stts` and `transfer` take, in this order (the pool's, "
                         f"within a stage; default: {' '.join(DEFAULT_POLICIES)}; by name only: "
-                        f"{' '.join(p for p in POLICIES if p not in DEFAULT_POLICIES)}; stts takes sft and recipe of "
-                        "them), e.g. "
+                        f"{' '.join(p for p in POLICIES if p not in DEFAULT_POLICIES)}; stts takes "
+                        f"{', '.join(STTS_POLICIES)} of them), e.g. "
                         "one RL run and its bench; NAME-sN is a replicate of an RL run with "
                         "seed N (its own folder, `--set seed=N` last)")
+    parser.add_argument("--whole-replicates", action="store_true", help="NAME-sN trains from sft-sN, the SFT of "
+                        "seed N: each seed replicates the whole pipeline (the study's design, docs/miniature.md)")
     parser.add_argument("--dry-run", action="store_true", help="print the command lines, run nothing")
     args = parser.parse_args(argv)
     stages = STAGES if "all" in args.stages else [s for s in STAGES if s in args.stages]
-    profile = PROFILES[args.profile]
-    if args.transfer_tasks:
-        profile = dataclasses.replace(profile, transfer_tasks=args.transfer_tasks)
-    if args.shape_scale:
-        profile = dataclasses.replace(profile, shape_scale=args.shape_scale)
-    if args.max_tokens is not None:
-        if args.max_tokens < 1:
-            parser.error("--max-tokens must be at least 1")
-        profile = dataclasses.replace(profile, max_tokens=args.max_tokens)
-    if args.single_turn is not None:
-        profile = dataclasses.replace(profile, sft_single_turn=args.single_turn)
-    if args.first_turn is not None:
-        profile = dataclasses.replace(profile, sft_first_turn=args.first_turn)
+    if args.max_tokens is not None and args.max_tokens < 1:
+        parser.error("--max-tokens must be at least 1")
+    given = {"transfer_tasks": args.transfer_tasks or None, "shape_scale": args.shape_scale or None,
+             "max_tokens": args.max_tokens, "sft_single_turn": args.single_turn, "sft_first_turn": args.first_turn}
+    profile = dataclasses.replace(PROFILES[args.profile], **{k: v for k, v in given.items() if v is not None})
+
     def more_flags(option: str, given: str | None) -> tuple[str, ...]:
         try:
             return tuple(shlex.split(given or ""))
@@ -576,7 +485,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.per_gpu < 1:
         parser.error("--per-gpu must be at least 1")
     pipeline = Pipeline(args.root.resolve(), profile, args.gpus, args.time_limit_s, args.dry_run, args.per_gpu,
-                        tuple(args.policies), args.base)
+                        tuple(args.policies), args.base, args.whole_replicates)
     pipeline.run(stages)
     if pipeline.incomplete:
         print(f"stopped at the time limit: {', '.join(pipeline.incomplete)}; run the same command again to "

@@ -128,7 +128,7 @@ def test_time_limit_stops_the_processes_and_keeps_going_later(tmp_path):
 def test_per_gpu_puts_several_runs_on_each_gpu(tmp_path, monkeypatch, capsys):
     miniature = _miniature()
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "5,7,9")  # the runs go to the GPUs this process was given
-    monkeypatch.setattr(miniature, "LOAD_EVERY_S", 0.2)
+    monkeypatch.setattr(miniature.process_pool, "LOAD_EVERY_S", 0.2)
     pipeline = miniature.Pipeline(tmp_path, miniature.PROFILES["cpu"], gpus=2, time_limit_s=None, dry_run=False,
                                   per_gpu=2)
     show = "import os; print('gpu', os.environ['CUDA_VISIBLE_DEVICES'])"
@@ -189,7 +189,7 @@ def test_a_replicate_is_the_same_run_with_its_own_seed_and_folder(tmp_path, caps
     stts = [line.split(" --out ")[1].split()[0] for line in lines if line.startswith("[stts]")]
     # (d)'s replicate too
     assert stts == [f"{tmp_path}/stts/sft", f"{tmp_path}/stts/recipe", f"{tmp_path}/stts/recipe-s1"]
-    for bad in ("sft-s1", "recipe-s", "recipe-sx", "dpo"):
+    for bad in ("sft-s", "recipe-s", "recipe-sx", "dpo"):
         with pytest.raises(SystemExit):
             miniature.main(["rl", "--root", str(tmp_path), "--dry-run", "--policies", bad])
         assert f"argument --policies: '{bad}' is not a policy" in capsys.readouterr().err
@@ -200,6 +200,45 @@ def test_a_replicate_is_the_same_run_with_its_own_seed_and_folder(tmp_path, caps
     (bench,) = [line for line in capsys.readouterr().out.splitlines() if f"--out {tmp_path}/report/bench" in line]
     assert bench.split(" --out ")[0].split("drkernel report ")[1].split() == [
         str(tmp_path / "bench" / name) for name in ("sft", "grpo-s2", "recipe", "recipe-s1")]
+
+
+def test_the_study_s_replicates_are_whole_and_its_benches_take_the_policy_chosen_on_validation(tmp_path, capsys,
+                                                                                                  monkeypatch):
+    miniature = _miniature()
+    study = ["--profile", "study", "--root", str(tmp_path), "--whole-replicates", "--policies", "sft-s1", "sft-s2",
+             "grpo-s1", "recipemrs-s2"]
+    assert miniature.main(["sft", "rl", "bench", "pack", "--dry-run", *study]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    sft = [line for line in lines if line.startswith("[sft]")]
+    assert [line.split(" --out ")[1].split()[:3] for line in sft] == [
+        [f"{tmp_path}/sft-s1", "--seed", "1"], [f"{tmp_path}/sft-s2", "--seed", "2"]]
+    rl = [line for line in lines if line.startswith("[rl]")]
+    assert all("examples/mini/rl_study.yaml" in line for line in rl)
+    assert f"--set model={tmp_path}/sft-s1/final " in rl[0] and rl[0].endswith("--set prs=false --set seed=1")
+    assert f"--set model={tmp_path}/sft-s2/final " in rl[1] and rl[1].endswith("--set mrs=true --set seed=2")
+    assert [line for line in lines if line.startswith("[pack]")] == [
+        f"[pack] python -m drkernel.train.pack {tmp_path}/rl/grpo-s1 {tmp_path}/rl/recipemrs-s2 --out {tmp_path}/pack"]
+    # the bench takes the policy of the best validation (the later step on a tie), not the last step's
+    run = tmp_path / "rl" / "grpo-s1"
+    (run / "final").mkdir(parents=True)
+    (run / "metrics.jsonl").write_text("".join(json.dumps({"step": step, "validation": {"fast_1_2": score}}) + "\n"
+                                               for step, score in ((10, 0.25), (20, 0.5), (30, 0.5 - 1e-9))))
+    for step in (10, 20, 30):
+        (run / "validation" / f"step_{step}" / "policy").mkdir(parents=True)
+    assert miniature.main(["bench", "--dry-run", *study]) == 0
+    bench = [line for line in capsys.readouterr().out.splitlines() if f"--out {tmp_path}/bench/grpo-s1" in line]
+    assert len(bench) == 1 and f"--model hf:{run}/validation/step_20/policy " in bench[0]
+    # with GPUs the SFT seeds train side by side; the RL runs wait for the SFT policy of their seed
+    pipeline = miniature.Pipeline(tmp_path, miniature.PROFILES["study"], gpus=4, time_limit_s=None, dry_run=False,
+                                  policies=("grpo-s1", "recipemrs-s2"), base="base.gguf", whole_replicates=True)
+    (tmp_path / "base").mkdir()
+    (tmp_path / "base" / "config.json").write_text("{}")
+    pooled = []
+    monkeypatch.setattr(pipeline, "_run_pool", pooled.append)
+    pipeline.run(["sft"])
+    assert [[job.make()[0].name for job in jobs] for jobs in pooled] == [["sft-s1", "sft-s2"]]
+    with pytest.raises(SystemExit, match=f"rl: no policy at {tmp_path}/sft-s1/final; run the sft stage first"):
+        pipeline.run(["rl"])
 
 
 def test_gpus_pool_the_per_policy_stages_in_stage_then_policy_order(tmp_path, monkeypatch):
@@ -349,6 +388,11 @@ def test_rl_configs_load_and_keep_small_updates():
     assert (gpu.model_dtype, gpu.turns, gpu.max_new_tokens, gpu.save_steps, gpu.lora_rank) == ("float32", 3, 1600, 1, 8)
     assert gpu.grpo_config().generation_batch_size == 16  # 2 prompts x 8 samples, whole groups for TRL
     assert (gpu.rollout_dtype, gpu.mrs_on, gpu.max_steps, gpu.learning_rate) == ("bfloat16", False, 10, 5e-4)
+    study = load_config(REPO / "examples" / "mini" / "rl_study.yaml", ["model=m", "validation_tasks=v", "bf16=false"])
+    assert study.grpo_config().generation_batch_size == 16 and study.num_generations == 4  # 4 prompts x 4 samples
+    assert (study.max_steps, study.validation_every, study.validation_samples, study.mrs_on) == (30, 10, 2, False)
+    differ = {key for key, value in vars(study).items() if vars(gpu).get(key) != value}
+    assert differ == {"num_generations", "max_steps", "validation_every", "validation_samples"}
     cpu = load_config(REPO / "examples" / "mini" / "rl_cpu.yaml", ["model=m", "validation_tasks=v"])
     assert cpu.grpo_config().generation_batch_size == 2
     with pytest.raises(ConfigError, match="model_dtype must be auto, float32 or bfloat16, not 'float16'"):

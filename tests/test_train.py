@@ -418,6 +418,14 @@ def test_two_steps_then_resume(tmp_path, monkeypatch, tiny_policy):
     records = read_trajectories(step_dir)
     assert sorted((r.task, r.turn, r.status) for r in records) == [
         ("1_vector_add", 1, "correct"), ("1_vector_add", 2, "incorrect"), ("2_relu", 1, "correct"), ("2_relu", 2, "incorrect")]
+    # the policy it validated, saved beside: model selection's candidate; the policy's entropy on every step
+    from drkernel.train.selection import select_policy
+
+    assert any((step_dir / "policy").glob("*.safetensors")) and select_policy(out).step == 2
+    assert all(m["policy_entropy"] > 0 for m in metrics)
+    record = json.loads((out / "run_record.json").read_text())
+    assert (record["kind"], record["seed"], record["config"]["validation_every"], len(record["starts"])) == (
+        "rl", 0, 2, 1)
 
     # --log-samples: advantages are drkernel.rl's TRLOO over (prompt, turn) groups of the logged returns
     rows = _read(samples)
@@ -505,6 +513,7 @@ def test_two_steps_then_resume(tmp_path, monkeypatch, tiny_policy):
     assert adam_steps == {3}  # a fresh optimizer would be at 1
     metrics = _read(out / "metrics.jsonl")
     assert [m["step"] for m in metrics] == [1, 2, 3]
+    assert [start["resumed"] for start in json.loads((out / "run_record.json").read_text())["starts"]] == [False, True]
     assert (metrics[2]["kept_mrs"], metrics[2]["kept_prs"], metrics[2]["kept_void_turn"]) == (0.0, 0.5, 0.75)
     mine = [r for r in _read(samples) if r["step"] == 3]
     assert [r["why_not"] for r in mine] == ["mrs"] * 8  # the first rule that dropped each turn

@@ -28,6 +28,7 @@ from drkernel.report.metrics import (
 )
 from drkernel.report.published import Published, load_paper, load_published
 from drkernel.report.runs import Run, RunReadError, pool_runs, read_run
+from drkernel.report.seeds import has_seeds, seed_analysis
 from drkernel.report.tables import (
     Table,
     TurnKey,
@@ -36,6 +37,8 @@ from drkernel.report.tables import (
     levels_table,
     outcomes_table,
     phases_table,
+    seed_differences_table,
+    seeds_table,
     tasks_table,
     timing_table,
     training_table,
@@ -108,6 +111,13 @@ def _bench_sections(report: Report, bench: list[Run]) -> None:
                    for d in paired_differences(r.turns_name, t, bench[0].turns_name, trajs[0])]
     if differences:
         report.tables.append(differences_table(differences))
+    if has_seeds([r.turns_name for r in bench]):
+        seeds = seed_analysis([(r.turns_name, t) for r, t in zip(bench, trajs)])
+        report.notes += seeds.notes
+        if seeds.rows:
+            report.tables.append(seeds_table(seeds.rows))
+        if seeds.differences:
+            report.tables.append(seed_differences_table(seeds.differences))
     medians = [phase_medians(r.turns_name, r.turns) for r in bench]
     if any(m.medians for m in medians):
         report.tables.append(phases_table(medians))

@@ -216,6 +216,7 @@ TRAINING_PANELS = (
     ("validation (%)", "validation", True, (("fast_1", "-"), ("fast_1_2", "--"), ("correct", ":"))),
     ("hacked and lazy shares (%)", "step", True, (("hacked_share", "-"), ("lazy_share", "--"))),
     ("kept fractions (%)", "step", True, (("kept_mrs", "-"), ("kept_prs", "--"), ("kept_void_turn", ":"))),
+    ("policy entropy (nats a token)", "step", False, (("policy_entropy", "-"),)),
 )
 
 
@@ -236,9 +237,12 @@ def _panel_values(step: dict[str, Any], where: str) -> Any:
 def training_figure(runs: Sequence[tuple[str, list[dict[str, Any]]]], path: Path) -> Path:
     """Training runs over optimizer steps: reward (mean +- std), Fast@1.2 of the first and last turn on the step's
     own prompts, the kinds of the first answers, validation Fast@1/Fast@1.2, hacked and lazy shares, and the
-    fractions of turns kept by MRS, PRS and the void-turn rule. Keys a run lacks are left out."""
-    fig = _figure(15.0, 7.5)
-    axes = fig.subplots(2, 3).ravel()
+    fractions of turns kept by MRS, PRS and the void-turn rule, and the policy's entropy. Keys a run lacks are left
+    out."""
+    fig = _figure(20.0, 7.5)
+    axes = fig.subplots(2, 4).ravel()
+    for ax in axes[len(TRAINING_PANELS):]:
+        ax.set_visible(False)
     for ax, (title, where, percent, series) in zip(axes, TRAINING_PANELS):
         for i, (run, steps) in enumerate(runs):
             rows = [(s["step"], _panel_values(s, where)) for s in steps]

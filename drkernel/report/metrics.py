@@ -261,11 +261,31 @@ def outcomes(run: str, traj: Trajectories) -> Outcomes:
 class Kinds:
     run: str
     counts: list[dict[str, int]]  # per turn: answer kind -> number of trajectories
+    distinct: list[int] = field(default_factory=list)  # per turn: different codes among the answers
+    alike: list[int] = field(default_factory=list)  # per turn: tasks of 2+ samples whose answers are all one code
+
+
+def answer_text(code: str | None) -> str | None:
+    """An answer's code with trailing spaces and blank lines left out: two answers differing only there are one."""
+    if code is None:
+        return None
+    return "\n".join(line.rstrip() for line in code.splitlines() if line.strip())
 
 
 def answer_kinds(run: str, traj: Trajectories) -> Kinds:
-    """Per turn, how many answers were lazy, partial, unfused, fused (drkernel.rl.kinds), unmeasured or failed."""
-    return Kinds(run, [dict(Counter(c.kind for c in column if c)) for column in zip(*traj.cells)])
+    """Per turn, how many answers were lazy, partial, unfused, fused (drkernel.rl.kinds), unmeasured or failed, how
+    many were different code, and on how many tasks every sample gave one answer (a policy's collapse)."""
+    distinct, alike = [], []
+    for column in zip(*traj.cells):
+        texts = [answer_text(c.code) for c in column if c]
+        distinct.append(len({text for text in texts if text is not None}))
+        by_task: dict[str, list[str | None]] = {}
+        for c in column:
+            if c:
+                by_task.setdefault(c.task, []).append(answer_text(c.code))
+        alike.append(sum(len(answers) > 1 and None not in answers and len(set(answers)) == 1
+                         for answers in by_task.values()))
+    return Kinds(run, [dict(Counter(c.kind for c in column if c)) for column in zip(*traj.cells)], distinct, alike)
 
 
 @dataclass(frozen=True)
@@ -317,6 +337,7 @@ class StepSpan:
     fast_1_2_last_turn: float | None
     coverage: float | None
     first_answer_kinds: dict[str, float | None]  # share of each answer kind among first answers
+    policy_entropy: float | None = None  # the policy's mean token entropy over the answers it trained on
 
 
 SPAN_KINDS = ("fused", "lazy", "partial", "failed")  # the first answers' kinds the training table shows
@@ -344,7 +365,8 @@ def _span(run: str, steps: list[dict[str, Any]]) -> StepSpan:
     return StepSpan(run, steps[0]["step"], steps[-1]["step"], mean(lambda s: s["reward_mean"]),
                     mean(lambda s: s["turn_fast_1_2"][0]), mean(lambda s: s["turn_fast_1_2"][-1]),
                     mean(lambda s: s["coverage_mean"]),
-                    {kind: mean(lambda s, kind=kind: s["turn_kind_shares"][0][kind]) for kind in SPAN_KINDS})
+                    {kind: mean(lambda s, kind=kind: s["turn_kind_shares"][0][kind]) for kind in SPAN_KINDS},
+                    mean(lambda s: s["policy_entropy"]))
 
 
 # the phases the report shows, in the order an evaluation runs them (drkernel.sandbox.judge.judge_request; the sandbox's

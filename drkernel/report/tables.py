@@ -29,6 +29,7 @@ from drkernel.report.metrics import (
     TurnCurves,
 )
 from drkernel.report.published import Published
+from drkernel.report.seeds import Estimate, SeedDifference, SeedRow
 from drkernel.report.runs import Turn
 from drkernel.rl.kinds import PARTIAL_COVERAGE, AnswerKind
 
@@ -51,7 +52,7 @@ class Table:
     title: str
     columns: list[str]
     # per column: "text", "int", "float", "percent" (a share, shown x100), "interval" (two shares: "LOW to HIGH"),
-    # "speedup"
+    # "estimate" (a share and its interval: "VALUE (LOW to HIGH)", drkernel.report.seeds.Estimate), "speedup"
     kinds: list[str]
     rows: list[list[Any]] = field(default_factory=list)
     caption: str = ""
@@ -65,6 +66,8 @@ class Table:
             return f"{100 * value:.1f}"
         if kind == "interval":
             return f"{100 * value[0]:.1f} to {100 * value[1]:.1f}"
+        if kind == "estimate":
+            return _estimate_text(value, "{:.1f}")
         if kind == "speedup":
             return f"{value:.3g}x"
         if kind == "float":
@@ -92,6 +95,8 @@ class Table:
                 return ""
             if kind == "interval":
                 return f"{100 * value[0]:.12g} to {100 * value[1]:.12g}"
+            if kind == "estimate":
+                return _estimate_text(value, "{:.12g}")
             return f"{100 * value:.12g}" if kind == "percent" else value
 
         out = io.StringIO()
@@ -99,6 +104,15 @@ class Table:
         writer.writerow(self.columns)
         writer.writerows([raw(v, k) for v, k in zip(row, self.kinds)] for row in self.rows)
         return out.getvalue()
+
+
+def _estimate_text(estimate: Estimate, number: str) -> str:
+    """A share and its interval, x100: "42.5 (30.1 to 55.0)"; the value alone without an interval."""
+    shown = number.format(100 * estimate.value)
+    if estimate.interval is None:
+        return shown
+    low, high = estimate.interval
+    return f"{shown} ({number.format(100 * low)} to {number.format(100 * high)})"
 
 
 def p_label(p: float) -> str:
@@ -220,15 +234,18 @@ def timing_table(qualities: list[TimingQuality]) -> Table:
 def training_table(spans: list[StepSpan]) -> Table:
     table = Table("training", "Training runs by thirds of their steps",
                   ["run", "steps", "reward", "Fast@1.2 first turn (%)", "Fast@1.2 last turn (%)",
-                   *(f"first answers {kind} (%)" for kind in SPAN_KINDS), "coverage (%)"],
-                  ["text", "text", "float"] + ["percent"] * (3 + len(SPAN_KINDS)),
+                   *(f"first answers {kind} (%)" for kind in SPAN_KINDS), "coverage (%)", "policy entropy"],
+                  ["text", "text", "float"] + ["percent"] * (3 + len(SPAN_KINDS)) + ["float"],
                   caption="Means over each span's steps of what the run logged per step (metrics.jsonl) on its own "
                           "prompts, which every step draws anew: the first third against the last says whether "
-                          "the run moved. First answers' kinds as in the kinds table; - where no step logged it.")
+                          "the run moved. First answers' kinds as in the kinds table; policy entropy: the mean token "
+                          "entropy (nats) of the policy over the answer tokens each step trained on, falling as it "
+                          "collapses onto fewer answers (0 on a step whose loss kept no turn); - where no step logged "
+                          "it.")
     for span in spans:
         table.rows.append([span.run, f"{span.first}-{span.last}", span.reward, span.fast_1_2_first_turn,
                            span.fast_1_2_last_turn, *(span.first_answer_kinds[k] for k in SPAN_KINDS),
-                           span.coverage])
+                           span.coverage, span.policy_entropy])
     return table
 
 
@@ -247,14 +264,56 @@ def outcomes_table(all_outcomes: list[Outcomes]) -> Table:
 
 def kinds_table(all_kinds: list[Kinds]) -> Table:
     columns = [kind.value for kind in AnswerKind]
-    table = Table("kinds", "Answers per turn by kind (number of trajectories)", ["run", "turn"] + columns,
-                  ["text", "int"] + ["int"] * len(columns),
+    table = Table("kinds", "Answers per turn by kind (number of trajectories)",
+                  ["run", "turn"] + columns + ["distinct answers", "tasks answered alike"],
+                  ["text", "int"] + ["int"] * (len(columns) + 2),
                   caption=f"Lazy: hacked as lazy_kernel. Partial: correct, own kernels under {PARTIAL_COVERAGE:g} of "
                           "the GPU time. Unfused / fused: correct and covering, several own kernels / one. "
-                          "Unmeasured: correct, coverage (no GPU) or own kernels not recorded. Failed: anything else.")
+                          "Unmeasured: correct, coverage (no GPU) or own kernels not recorded. Failed: anything else. "
+                          "Distinct answers: different codes among the turn's answers (trailing spaces and blank "
+                          "lines aside); tasks answered alike: tasks of two samples or more whose samples all gave "
+                          "one code at the turn. A policy collapsed onto one answer a task has few distinct answers "
+                          "and many tasks answered alike.")
     for k in all_kinds:
         for t, counts in enumerate(k.counts, 1):
-            table.rows.append([k.run, t] + [counts.get(c, 0) for c in columns])
+            table.rows.append([k.run, t] + [counts.get(c, 0) for c in columns] + [k.distinct[t - 1], k.alike[t - 1]])
+    return table
+
+
+def seeds_table(rows: list[SeedRow]) -> Table:
+    turns = max(len(row.turns) for row in rows)
+    level = f"{100 * INTERVAL_LEVEL:g}%"
+    table = Table("seeds", f"Per method over its seeds, with {level} intervals over seeds and tasks",
+                  ["method", "seeds", "tasks", "measure", *(f"turn {t}" for t in range(1, turns + 1)),
+                   "best of history"], ["text", "text", "int", "text"] + ["estimate"] * (turns + 1),
+                  caption="Runs named METHOD-sN are seed N of METHOD. Turn t: each trajectory's last turn within t "
+                          "turns (turn 1: first answers); best of history: some turn correct and fast. The value is "
+                          "the mean over seeds of the mean over tasks; the interval a hierarchical bootstrap that "
+                          "draws the method's seeds with replacement, then tasks with replacement (each with all its "
+                          "samples). With one seed it is the bootstrap over tasks. Distinct answers: per task, "
+                          "different codes at turn t over the samples (1: all differ; 1/samples: all alike).")
+    for row in rows:
+        table.rows.append([row.method, ", ".join(row.seeds), row.tasks, row.measure, *row.turns, row.best])
+    return table
+
+
+def seed_differences_table(differences: list[SeedDifference]) -> Table:
+    turns = max(len(d.turns) for d in differences)
+    level = f"{100 * INTERVAL_LEVEL:g}%"
+    table = Table("seed_differences", f"Methods against each other, with {level} intervals over seeds and tasks",
+                  ["method", "against", "paired by", "measure", *(f"turn {t}" for t in range(1, turns + 1)),
+                   "best of history", f"last turn: {level} interval excludes 0"],
+                  ["text", "text", "text", "text"] + ["estimate"] * (turns + 1) + ["text"],
+                  caption="Points (method minus against) and the hierarchical bootstrap's interval of the difference: "
+                          "every draw takes one set of tasks for both methods (paired by task) and, where both ran "
+                          "the same seeds, one set of seeds (paired by seed: seed s of each method starts from the "
+                          "same SFT policy). A claim that one method beats another needs the interval to exclude 0.")
+    for d in differences:
+        last = d.turns[-1]
+        excludes = "-" if last is None or last.interval is None else (
+            "yes, above" if last.interval[0] > 0 else "yes, below" if last.interval[1] < 0 else "no")
+        table.rows.append([d.method, d.against, "tasks and seeds" if d.paired_by_seed else "tasks", d.measure,
+                           *d.turns, d.best, excludes])
     return table
 
 

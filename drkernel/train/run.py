@@ -18,6 +18,7 @@ from drkernel.tasks.task import Task
 from drkernel.train.checkpoints import TRAINER_STATE, checkpoint_step, cut_checkpoints, last_checkpoint
 from drkernel.train.config import TINY_MODEL, ConfigError, TrainConfig
 from drkernel.train.policy import PolicyShape, build_policy
+from drkernel.train.run_record import write_run_record
 from drkernel.train.rollout import GenerateFn
 
 TINY_POLICY_DIR = "tiny_policy"
@@ -104,6 +105,7 @@ def train(config: TrainConfig, resume: bool = False, generate: GenerateFn | None
     if config.log_samples:
         Path(config.log_samples).parent.mkdir(parents=True, exist_ok=True)
     (out / "train_config.json").write_text(json.dumps(dataclasses.asdict(config), indent=2) + "\n")
+    write_run_record(out, "rl", config.seed, dataclasses.asdict(config), resumed=checkpoint is not None)
     model, tokenizer = load_policy(config, tasks)
     evaluator, close_evaluator = open_evaluator(config.engine, config.evaluation)
     trainer = None

@@ -25,6 +25,7 @@ from drkernel.agent.local_models import load_causal_lm, load_tokenizer
 from drkernel.tasks.loaders import require
 from drkernel.train.lora import lora_config
 from drkernel.train.policy import PolicyShape, build_policy
+from drkernel.train.run_record import write_run_record
 
 POLICY_DIR = "policy"  # the random policy before SFT (tokenizer trained on the data)
 FINAL_DIR = "final"  # the SFT policy, in bf16, in shards of at most max_shard_size
@@ -140,6 +141,7 @@ def run_sft(config: SFTRunConfig) -> dict[str, Any]:
     if (out / FINAL_DIR).exists():
         raise FileExistsError(f"{out / FINAL_DIR} already exists; choose another output folder")
     rows = read_rows(config.data)
+    write_run_record(out, "sft", config.seed, asdict(config))
     started = time.perf_counter()
     policy_path = config.policy_path or str(build_policy(out / POLICY_DIR, policy_texts(rows), config.policy))
     trainer = sft_trainer(config, rows, policy_path)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import shutil
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -30,6 +31,7 @@ from drkernel.tasks.task import Task
 from drkernel.train.config import TrainConfig
 from drkernel.train.lora import lora_config, merged_weights
 from drkernel.train.rollout import GenerateFn, MultiTurnRollout, RolloutStats, Trajectory, turn_coverage
+from drkernel.train.selection import VALIDATED_POLICY
 from drkernel.train.signals import JudgedTurn, kept_fraction, mrs_turn_keep, step_signals
 from drkernel.train.validation import TrainerChatModel, Validation
 
@@ -410,11 +412,15 @@ class NonFiniteUpdateGuard(transformers.TrainerCallback):
 
 
 class StepRecorder(transformers.TrainerCallback):
-    """Writes RUN_DIR/metrics.jsonl (one line per optimizer step) and runs validation every N steps."""
+    """Writes RUN_DIR/metrics.jsonl (one line per optimizer step) and runs validation every N steps, saving the
+    policy it validated beside its records (validation/step_N/policy: the candidates of model selection,
+    drkernel.train.selection)."""
 
     def __init__(self, trainer: DrKernelTrainer) -> None:
         self.trainer = trainer
         self.path = Path(trainer.config.output_dir) / METRICS
+        self._entropies: list[float] = []  # TRL's per-micro-batch entropy list of the current logging window
+        self._entropies_taken = 0  # how many of them earlier steps already recorded
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         """A resumed run redoes the steps after its checkpoint: drop their lines so each step appears once."""
@@ -430,11 +436,26 @@ class StepRecorder(transformers.TrainerCallback):
         metrics = dict(self.trainer._step_metrics)
         metrics["step"] = state.global_step
         metrics["time_update_s"] = time.perf_counter() - self.trainer._scored_at
+        metrics["policy_entropy"] = self._step_entropy()
         if not self.trainer.accelerator.is_main_process:
             return
         every = self.trainer.config.validation_every
         if every and state.global_step % every == 0:  # on the main process only: one run directory per step
+            step_dir = Path(self.trainer.config.output_dir) / "validation" / f"step_{state.global_step}"
+            shutil.rmtree(step_dir, ignore_errors=True)  # a run stopped after validating redoes the step: anew
             metrics["validation"] = self.trainer.validate(state.global_step)
+            self.trainer.save_model(str(step_dir / VALIDATED_POLICY))
         self.path.parent.mkdir(parents=True, exist_ok=True)
         with self.path.open("a") as f:
             f.write(json.dumps(metrics) + "\n")
+
+    def _step_entropy(self) -> float | None:
+        """The mean token entropy of the policy over this step's trained answer tokens (TRL's `entropy`, one value a
+        micro-batch, gathered over processes), from the values TRL added since the previous step; a collapse onto
+        one answer shows as entropy falling towards 0. TRL clears its list when it logs, after this callback."""
+        current = self.trainer._metrics["train"].get("entropy", [])
+        if current is not self._entropies:
+            self._entropies, self._entropies_taken = current, 0
+        new = [value for value in current[self._entropies_taken:] if math.isfinite(value)]
+        self._entropies_taken = len(current)
+        return sum(new) / len(new) if new else None
