@@ -133,7 +133,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--gpus", default="1,2,4", help="counts of GPUs, in turn (the first is the baseline)")
     parser.add_argument("--kernelbench", type=Path, default=Path(os.environ.get("DRKERNEL_KERNELBENCH", "")))
-    parser.add_argument("--synthetic-n", type=int, default=16, help="synthetic test tasks of the RL-shaped batch")
+    parser.add_argument("--synthetic-n", type=int, default=16,
+                        help="synthetic test tasks of the RL-shaped batch (0: none)")
     parser.add_argument("--rl-samples", type=int, default=8, help="samples per task, all distinct")
     parser.add_argument("--level1", type=int, default=20, help="level-1 problems (0: none)")
     parser.add_argument("--overlap", type=int, default=None, help="evaluations at once per GPU")
@@ -152,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
     from drkernel.tasks.synthetic import generate
 
     options = dataclasses.replace(gpu_bench.OPTIONS, device=args.device)
-    tasks = generate("test", args.synthetic_n, seed=0, shape_scale=args.synthetic_scale)
+    tasks = generate("test", args.synthetic_n, seed=0, shape_scale=args.synthetic_scale) if args.synthetic_n else []
     level1 = [(name, dataclasses.replace(request, options=options))
               for name, request in gpu_bench.kernelbench_pairs(args.kernelbench)[: args.level1]] if args.level1 else []
     args.out.mkdir(parents=True, exist_ok=True)
