@@ -403,21 +403,26 @@ def test_two_steps_then_resume(tmp_path, monkeypatch, tiny_policy):
         assert all(m[k] >= 0 for k in ("time_generation_s", "time_evaluation_s", "time_update_s"))
         assert m["update_skipped"] is False  # the guard against non-finite gradients ran before each update
 
-    # validation at step 2: the agent loop with the model being trained (sample 0's script: a success, then a
-    # regression), its records where `drkernel report` reads a bench run
+    # validation at step 2: the agent loop with the model being trained, its records where `drkernel report` reads a
+    # bench run. Its requests are generated in batches, so which of the script's samples a trajectory's turn gets
+    # depends on its row in a batch: the figures are checked against the records, not against one script.
     assert "validation" not in metrics[0]
-    assert metrics[1]["validation"] == {"correct": 0.0, "fast_1": 0.0, "fast_1_2": 0.0, "turn_fast_1": [0.0, 0.0],
-                                        "turn_fast_1_2": [0.0, 0.0], "best_of_history_fast_1_2": 0.0}
+    validation = metrics[1]["validation"]
+    assert set(validation) == {"correct", "fast_1", "fast_1_2", "turn_fast_1", "turn_fast_1_2",
+                               "best_of_history_fast_1_2"}
+    assert validation["fast_1_2"] == 0.0 and validation["turn_fast_1_2"] == [0.0, 0.0]  # no speed on the CPU
     from drkernel.agent.records import read_trajectories
 
     from drkernel.agent.config import BenchConfig
 
     step_dir = out / "validation" / "step_2"
-    assert json.loads((step_dir / "summary.json").read_text())["last_turn"]["correct"] == 0.0
+    assert json.loads((step_dir / "summary.json").read_text())["last_turn"]["correct"] == validation["correct"]
     assert BenchConfig.from_dict(json.loads((step_dir / "config.json").read_text())).turns == 2
     records = read_trajectories(step_dir)
-    assert sorted((r.task, r.turn, r.status) for r in records) == [
-        ("1_vector_add", 1, "correct"), ("1_vector_add", 2, "incorrect"), ("2_relu", 1, "correct"), ("2_relu", 2, "incorrect")]
+    assert sorted((r.task, r.turn) for r in records) == [("1_vector_add", 1), ("1_vector_add", 2), ("2_relu", 1),
+                                                         ("2_relu", 2)]
+    last = [r for r in records if r.turn == 2]
+    assert validation["correct"] == sum(r.status == "correct" for r in last) / len(last)
     # the policy it validated, saved beside: model selection's candidate; the policy's entropy on every step
     from drkernel.train.selection import select_policy
 

@@ -213,24 +213,90 @@ class _MakeWay:
 
 
 @dataclass
-class _HFRequest:
+class ChatRequest:
     messages: list[dict[str, str]]
     params: SamplingParams
     seed: int | None
-    future: concurrent.futures.Future
+    future: concurrent.futures.Future = field(default_factory=concurrent.futures.Future)
+
+    def sampling_key(self) -> tuple[float, float, int]:
+        """What must be equal for two requests to share a batch (a greedy request's top_p does not matter)."""
+        p = self.params
+        return max(p.temperature, 0.0), p.top_p if p.temperature > 0 else 1.0, p.max_tokens
+
+
+class CompletionBatcher:
+    """Concurrent trajectories' requests to a local model, answered in batches. Answered one at a time they would
+    leave the accelerator mostly idle (a decoding step of a small model costs about the same for 1 row as for 32), so
+    requests are queued and one worker thread (a model is not safe to drive from several threads) takes up to
+    `max_batch` of them, waiting at most `batch_wait_s` for more, and hands each group that shares its sampling
+    settings to `answer`, which returns a Completion per request, in order; the event loop keeps feeding the
+    evaluator meanwhile. What `answer` raises becomes each waiting request's GenerationError (its trajectory
+    records the cause as its turn's error)."""
+
+    def __init__(self, answer: Callable[[list[ChatRequest]], list[Completion]], max_batch: int = 32,
+                 batch_wait_s: float = 0.005, name: str = "generate") -> None:
+        if max_batch < 1:
+            raise ValueError(f"max_batch must be at least 1, not {max_batch}")
+        self.answer, self.max_batch, self.batch_wait_s = answer, max_batch, batch_wait_s
+        self._queue: queue.Queue[ChatRequest | None] = queue.Queue()
+        self._closed = False
+        threading.Thread(target=self._serve, name=name, daemon=True).start()
+
+    async def complete(self, messages: list[dict[str, str]], params: SamplingParams,
+                       seed: int | None = None) -> Completion:
+        if self._closed:
+            raise GenerationError("the local model was closed")
+        request = ChatRequest(messages, params, seed)
+        self._queue.put(request)
+        return await asyncio.wrap_future(request.future)
+
+    def close(self) -> None:
+        """Answer what was taken, then stop the thread."""
+        if not self._closed:
+            self._closed = True
+            self._queue.put(None)
+
+    def _serve(self) -> None:
+        while (first := self._queue.get()) is not None:
+            pending = [first]
+            deadline = time.monotonic() + self.batch_wait_s
+            while len(pending) < self.max_batch:
+                try:
+                    request = self._queue.get(timeout=max(0.0, deadline - time.monotonic()))
+                except queue.Empty:
+                    break
+                if request is None:  # closing: answer what was taken, then stop
+                    self._queue.put(None)
+                    break
+                pending.append(request)
+            groups: dict[tuple[float, float, int], list[ChatRequest]] = {}
+            for request in pending:
+                if request.future.set_running_or_notify_cancel():
+                    groups.setdefault(request.sampling_key(), []).append(request)
+            for group in groups.values():
+                self._answer(group)
+
+    def _answer(self, batch: list[ChatRequest]) -> None:
+        try:
+            completions = self.answer(batch)
+        except Exception as exc:  # noqa: BLE001 - see the class
+            error = GenerationError(f"local generation failed: {type(exc).__name__}: {exc}")
+            for request in batch:
+                request.future.set_exception(error)
+            return
+        for request, completion in zip(batch, completions):
+            request.future.set_result(completion)
 
 
 class HFChatModel:
     """A local transformers model (`--model hf:PATH`: a saved folder or a GGUF, see drkernel.agent.local_models), for
     small models, tests and the miniature reproduction.
 
-    Concurrent trajectories would leave the accelerator idle if each request were generated alone, so requests are
-    queued and one worker thread (a model is not safe to drive from several threads) takes up to `max_batch` of them,
-    waiting at most `batch_wait_s` for more, and answers each group that shares its sampling settings with ONE
-    left-padded `generate` call; the event loop keeps feeding the evaluator meanwhile. The chat template is the
-    tokenizer's. Sampling is temperature then top_p (no top_k), drawn by `_RowSampler` from each row's own random
-    stream, seeded with the request's seed (a random one when it has none): a seeded request samples the same tokens
-    whatever else shares its batch, so a rerun repeats it. A greedy request ignores its seed.
+    Requests are answered in batches (`CompletionBatcher`), each with ONE left-padded `generate` call. The chat
+    template is the tokenizer's. Sampling is temperature then top_p (no top_k), drawn by `_RowSampler` from each
+    row's own random stream, seeded with the request's seed (a random one when it has none): a seeded request samples
+    the same tokens whatever else shares its batch, so a rerun repeats it. A greedy request ignores its seed.
 
     With a device `gate` (that of the GPU the evaluations run on), generation holds it shared and makes way between
     decoding steps: it runs beside correctness checks, never while a candidate is timed.
@@ -265,55 +331,14 @@ class HFChatModel:
         self.gate = gate
         self.static_cache = static_cache
         self.max_batch = max_batch
-        self.batch_wait_s = batch_wait_s
-        self._queue: queue.Queue[_HFRequest | None] = queue.Queue()
-        self._closed = False
-        threading.Thread(target=self._serve, name="hf-generate", daemon=True).start()
+        self.batcher = CompletionBatcher(self._generate, max_batch, batch_wait_s, name="hf-generate")
 
     async def complete(
         self, messages: list[dict[str, str]], params: SamplingParams, seed: int | None = None, tag: str = ""
     ) -> Completion:
-        if self._closed:
-            raise GenerationError("the local model was closed")
-        request = _HFRequest(messages, params, seed, concurrent.futures.Future())
-        self._queue.put(request)
-        return await asyncio.wrap_future(request.future)
+        return await self.batcher.complete(messages, params, seed)
 
-    def _serve(self) -> None:
-        while (first := self._queue.get()) is not None:
-            pending = [first]
-            deadline = time.monotonic() + self.batch_wait_s
-            while len(pending) < self.max_batch:
-                try:
-                    request = self._queue.get(timeout=max(0.0, deadline - time.monotonic()))
-                except queue.Empty:
-                    break
-                if request is None:  # closing: answer what was taken, then stop
-                    self._queue.put(None)
-                    break
-                pending.append(request)
-            groups: dict[tuple[float, float, int], list[_HFRequest]] = {}
-            for request in pending:
-                if request.future.set_running_or_notify_cancel():
-                    params = request.params
-                    key = (max(params.temperature, 0.0), params.top_p if params.temperature > 0 else 1.0,
-                           params.max_tokens)
-                    groups.setdefault(key, []).append(request)
-            for group in groups.values():
-                self._answer(group)
-
-    def _answer(self, batch: list[_HFRequest]) -> None:
-        try:
-            completions = self._generate(batch)
-        except Exception as exc:  # noqa: BLE001 - every waiting trajectory records the cause as its turn's error
-            error = GenerationError(f"local generation failed: {type(exc).__name__}: {exc}")
-            for request in batch:
-                request.future.set_exception(error)
-            return
-        for request, completion in zip(batch, completions):
-            request.future.set_result(completion)
-
-    def _generate(self, batch: list[_HFRequest]) -> list[Completion]:
+    def _generate(self, batch: list[ChatRequest]) -> list[Completion]:
         import torch
         from transformers import TemperatureLogitsWarper, TopPLogitsWarper
 
@@ -357,5 +382,4 @@ class HFChatModel:
         return completions
 
     async def close(self) -> None:
-        self._closed = True
-        self._queue.put(None)
+        self.batcher.close()

@@ -100,8 +100,10 @@ class DrKernelTrainer(trl.GRPOTrainer):
         # alone, and vLLM's server mode gathers from every process
         self.validation = Validation(
             list(validation_tasks), validation_bench, config.reward_config(), evaluator,
-            TrainerChatModel(processing_class, generate or self.sample_transformers), self.rollout.loop,
-            Path(config.output_dir),
+            TrainerChatModel(processing_class, generate or self.sample_transformers, fill=config.static_cache,
+                             max_batch=min(validation_bench.concurrency,
+                                           len(validation_tasks) * validation_bench.samples)),
+            self.rollout.loop, Path(config.output_dir),
         ) if validation_tasks and validation_bench is not None else None
         self._trajectories: list[Trajectory] = []
         self._step_metrics: dict[str, Any] = {}
@@ -312,7 +314,8 @@ class DrKernelTrainer(trl.GRPOTrainer):
         c = self.config
         return mrs_turn_keep(trainer_logp, rollout_logp, rows, torch.stack(masks), c.mrs_low, c.mrs_high, c.mrs_veto)
 
-    def _metrics_of(self, step: int, rows: list[dict[str, Any]], signals: list, output: dict[str, Any]) -> dict[str, Any]:
+    def _metrics_of(self, step: int, rows: list[dict[str, Any]], signals: list,
+                    output: dict[str, Any]) -> dict[str, Any]:
         width = self.config.turns
         trajectories = sorted({r["trajectory"] for r in rows})
         index = {t: n for n, t in enumerate(trajectories)}

@@ -8,12 +8,11 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from drkernel.agent.backends import ChatModel, Completion, SamplingParams
+from drkernel.agent.backends import ChatModel, ChatRequest, Completion, CompletionBatcher, SamplingParams
 from drkernel.agent.bench import write_summary
 from drkernel.agent.config import BenchConfig
 from drkernel.scheduling.evaluator import Evaluator
@@ -25,34 +24,43 @@ from drkernel.train.rollout import GenerateFn
 
 
 class TrainerChatModel:
-    """The agent's ChatModel over the trainer's in-memory model: one generation at a time, in a worker thread so
-    the evaluator keeps judging other trajectories meanwhile."""
+    """The agent's ChatModel over the trainer's in-memory model. Validation's trajectories run concurrently, and
+    their requests are generated in batches (`CompletionBatcher`), each one call of the trainer's `generate`, in a
+    worker thread so the evaluator keeps judging other trajectories meanwhile. The trainer samples with its own
+    settings. `fill`: every batch is filled up to `max_batch` rows with copies of its first context, whose answers
+    are dropped, so that a static cache's compiled decoding step sees one batch size (as `HFChatModel` does)."""
 
-    def __init__(self, tokenizer: Any, generate: GenerateFn) -> None:
-        self.tokenizer, self.generate = tokenizer, generate
-        self._lock = threading.Lock()
+    def __init__(self, tokenizer: Any, generate: GenerateFn, max_batch: int = 32, fill: bool = False) -> None:
+        self.tokenizer, self.generate, self.fill = tokenizer, generate, fill
+        self.batcher = CompletionBatcher(self._answer, max_batch, name="validation-generate")
 
     async def complete(
         self, messages: list[dict[str, str]], params: SamplingParams, seed: int | None = None, tag: str = ""
     ) -> Completion:
-        return await asyncio.to_thread(self._complete, messages)
+        return await self.batcher.complete(messages, params, seed)
 
-    def _complete(self, messages: list[dict[str, str]]) -> Completion:
-        text = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-        ids = list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
-        with self._lock:
-            (answer,), _ = self.generate([ids])
+    def _answer(self, batch: list[ChatRequest]) -> list[Completion]:
+        contexts = [self._context(request.messages) for request in batch]
+        rows = contexts + [contexts[0]] * (self.batcher.max_batch - len(contexts)) if self.fill else contexts
+        answers, _ = self.generate(rows)
         eos = self.tokenizer.eos_token_id
-        finished = eos in answer
-        answer = answer[: answer.index(eos)] if finished else answer
-        return Completion(
-            self.tokenizer.decode(answer, skip_special_tokens=True),
-            {"prompt_tokens": len(ids), "completion_tokens": len(answer) + finished},
-            "stop" if finished else "length",
-        )
+        completions = []
+        for ids, answer in zip(contexts, answers):
+            finished = eos in answer
+            answer = answer[: answer.index(eos)] if finished else answer
+            completions.append(Completion(
+                self.tokenizer.decode(answer, skip_special_tokens=True),
+                {"prompt_tokens": len(ids), "completion_tokens": len(answer) + finished},
+                "stop" if finished else "length",
+            ))
+        return completions
+
+    def _context(self, messages: list[dict[str, str]]) -> list[int]:
+        text = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
 
     async def close(self) -> None:
-        return None
+        self.batcher.close()
 
 
 @dataclass
