@@ -703,7 +703,7 @@ def test_a_subject_that_aborts_is_one_crash_by_signal_with_the_cause_its_stderr_
     import socket
 
     from drkernel.sandbox.channel import Channel, ChannelClosed
-    from drkernel.sandbox.subject_link import SubjectLink, stderr_causes
+    from drkernel.sandbox.subject_link import ChildSubject, SubjectLink, stderr_causes
     from drkernel.schema import Status
 
     (tmp_path / "stderr.txt").write_text(
@@ -718,7 +718,7 @@ def test_a_subject_that_aborts_is_one_crash_by_signal_with_the_cause_its_stderr_
         os.abort()
     theirs.close()
     os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT)  # dead, not yet reaped: as the judge finds it
-    link = SubjectLink(Channel(ours), pid, tmp_path, torch.device("cuda"), None)
+    link = SubjectLink(Channel(ours), ChildSubject(pid), tmp_path, torch.device("cuda"), None)
     first = link._died(ChannelClosed("the subject closed the connection"))
     again = link._died(ChannelClosed("the subject closed the connection"))  # the phase's clean-up asking it
     assert again is first and (first.status, first.kind) == (Status.CRASHED, "Signal")
@@ -753,9 +753,9 @@ def test_the_judge_keeps_each_gated_phase_s_most_memory_in_both_processes(tmp_pa
     from types import SimpleNamespace
 
     from drkernel.sandbox.gpu_policy import GpuPolicy
-    from drkernel.sandbox.subject_link import SubjectLink
+    from drkernel.sandbox.subject_link import ChildSubject, SubjectLink
 
-    link = SubjectLink(None, 0, tmp_path, torch.device("cpu"), None)  # type: ignore[arg-type]
+    link = SubjectLink(None, ChildSubject(0), tmp_path, torch.device("cpu"), None)  # type: ignore[arg-type]
     for claim in (7 * 2**30, "9", -1, 1 << 60, True, 3.5 * 2**30, 2 * 2**30):
         link._account(time.perf_counter(), {"busy_s": 0.0, "peak_bytes": claim})
     assert link.peak_bytes == 7 * 2**30  # the largest well-formed claim
@@ -867,7 +867,7 @@ def test_the_judge_lets_a_trial_s_inputs_go_before_the_subject_s_call(tmp_path, 
     from drkernel.sandbox.judge_context import JudgeContext
     from drkernel.sandbox.reference import Reference, load_reference
     from drkernel.sandbox.subject import MODES
-    from drkernel.sandbox.subject_link import SubjectLink
+    from drkernel.sandbox.subject_link import ChildSubject, SubjectLink
     from drkernel.schema import Correctness, EvalOptions, EvalRequest
 
     # float64 inputs: the float64 evaluation (`Reference.exact`) is called on them, not on upcast copies
@@ -898,7 +898,7 @@ def test_the_judge_lets_a_trial_s_inputs_go_before_the_subject_s_call(tmp_path, 
             return reply, [bytearray(p) for p in encoder.payloads]
 
     cpu = torch.device("cpu")
-    link = SubjectLink(Subject(), 0, tmp_path, cpu, None)  # type: ignore[arg-type]
+    link = SubjectLink(Subject(), ChildSubject(0), tmp_path, cpu, None)  # type: ignore[arg-type]
     mapped: list[weakref.ref] = []
     map_and_keep = link.map_and_keep
     monkeypatch.setattr(link, "map_and_keep",

@@ -62,7 +62,7 @@ import triton.testing  # noqa: E402, F401
 
 from drkernel.sandbox import audit, channel, confine, isolate, judge, procfs, relay, startup, subject, timing
 from drkernel.sandbox.gate import DeviceGate
-from drkernel.sandbox.subject_link import SubjectLink
+from drkernel.sandbox.subject_link import ChildSubject, SubjectLink
 from drkernel.schema import ErrorKind, EvalRequest, EvalResult, Status
 
 GO_POLL_S = 0.002
@@ -183,7 +183,7 @@ def child_main(job: dict[str, Any], parent_pid: int, inherited_fds: list[int], r
         channel.report(report_fd, {"started": True})  # a death of the fork server is now this evaluation's doing
         start_latency = time.time() - float(Path("go").read_text() or "nan")
         request = EvalRequest.from_dict(json.loads(Path("request.json").read_text()))
-        link = SubjectLink(channel.Channel(judge_end), subject_pid, scratch, device, gate)
+        link = SubjectLink(channel.Channel(judge_end), ChildSubject(subject_pid), scratch, device, gate)
         result = judge.judge_request(request, Path(workdir), device, gate, link)
         result.phases_s["start_latency"] = round(start_latency, 4)  # from the start signal to the judge
         result.phases_s["confine"] = round(confine_s, 4)  # before the start signal, overlapped with others' runs

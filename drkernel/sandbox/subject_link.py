@@ -16,7 +16,7 @@ import re
 import signal
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Protocol
 
 import torch
 
@@ -60,12 +60,54 @@ class SharedCopies:
         self.pool = None
 
 
+class ChildSubject:
+    """The subject as the judge's own child process, which the judge signals and reaps itself."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.reaped: int | None = None  # its wait status, once reaped
+
+    def end(self, wait: bool = True) -> int | None:
+        """Kill it and return its wait status, None if it is not known within STOP_WAIT_S (or not waited for). Where
+        Landlock scopes signals, the judge cannot signal the subject's domain: the subject then ends with the judge
+        (its parent-death signal, the PID namespace, the supervisor's kill of the process group). Once reaped, it is
+        not signalled again (its PID may be another's by then)."""
+        if self.reaped is not None:
+            return self.reaped
+        try:
+            os.kill(self.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        if not wait:
+            return None
+        deadline = time.monotonic() + STOP_WAIT_S
+        while True:
+            try:
+                pid, status = os.waitpid(self.pid, os.WNOHANG)
+            except ChildProcessError:
+                return None
+            if pid:
+                self.reaped = status
+                return status
+            if time.monotonic() > deadline:
+                return None
+            time.sleep(0.005)
+
+
+class SubjectProcess(Protocol):
+    """How the judge ends the subject's process and learns how it ended: as its parent (`ChildSubject`), or through
+    the process that forked it (drkernel.sandbox.judge_host)."""
+
+    def end(self, wait: bool = True) -> int | None: ...
+
+
 class SubjectLink:
     """Requests to the subject process. Its replies are evidence: outputs to compare, timings to check, findings to
     keep (`reported`). If it dies or breaks the protocol, the evaluation fails with what the judge saw."""
 
-    def __init__(self, conn: Channel, pid: int, scratch: Path, device: torch.device, gate: DeviceGate | None) -> None:
-        self.conn, self.pid, self.scratch, self.device, self.gate = conn, pid, scratch, device, gate
+    def __init__(self, conn: Channel, process: SubjectProcess, scratch: Path, device: torch.device,
+                 gate: DeviceGate | None) -> None:
+        self.conn, self.process, self.scratch, self.device, self.gate = conn, process, scratch, device, gate
         self.reported: list[Finding] = []  # what the subject's checks found, and how it ended (`exit_called`)
         self.shares = SharedCopies(device) if device.type == "cuda" else None
         # What the two processes cost beyond the work itself, in seconds: requests' round trips less the subject's
@@ -74,7 +116,6 @@ class SubjectLink:
         self.peak_bytes = 0  # the most the subject's allocator held in a request since this was last set to 0
         self._kept_mapping: Any = None  # the values mapped last, kept open until the next are (`map_and_keep`)
         self.death: Failure | None = None  # how the subject ended, once the judge has seen it
-        self.reaped: int | None = None  # its wait status, once the judge has reaped it
 
     def ask(self, op: str, values: dict[str, Any] | None = None, **fields: Any) -> tuple[dict[str, Any], list]:
         """The subject's reply to a request with `values` (left as they are) and `fields`."""
@@ -239,30 +280,9 @@ class SubjectLink:
     def stop(self, wait: bool = True) -> int | None:
         """End the subject (whatever it is doing) and return its wait status, None if it is not known in time (or not
         waited for: a subject that answered to the end need not be seen to die before the verdict goes out; its
-        CUDA context takes about 0.1 s to go). Where Landlock scopes signals, the judge cannot signal the subject's
-        domain: the subject then ends with the judge (its parent-death signal, the PID namespace, the supervisor's
-        kill of the process group). Once reaped, it is not signalled again (its PID may be another's by then)."""
+        CUDA context takes about 0.1 s to go)."""
         self.conn.sock.close()
-        if self.reaped is not None:
-            return self.reaped
-        try:
-            os.kill(self.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-        if not wait:
-            return None
-        deadline = time.monotonic() + STOP_WAIT_S
-        while True:
-            try:
-                pid, status = os.waitpid(self.pid, os.WNOHANG)
-            except ChildProcessError:
-                return None
-            if pid:
-                self.reaped = status
-                return status
-            if time.monotonic() > deadline:
-                return None
-            time.sleep(0.005)
+        return self.process.end(wait)
 
 
 class TimedCalls:
