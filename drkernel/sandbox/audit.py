@@ -11,8 +11,10 @@ the candidate's behalf acts for it. The event is recorded as a finding and the o
   Triton compiling the candidate's kernels writes there;
 - new processes started by Triton's compiler (ptxas, the C compiler for launcher stubs) while it compiles them.
 
-Frame introspection counts only when the candidate's code asks for it (directly, or through `inspect`): dataclasses,
-collections and traceback formatting use frames for their own bookkeeping. An audit hook cannot be removed.
+Frame introspection counts only when the candidate's code asks for it, directly or through a standard-library
+function that hands frames back (`inspect`, `traceback.walk_stack`, ...: a frame's `f_back` and `f_locals` are never
+audited, so any frame leads to the harness's): collections, warnings and traceback formatting use frames for their
+own bookkeeping. An audit hook cannot be removed.
 The verdict does not rest on this hook (the judge never runs candidate code); it keeps the subject's own
 measurements honest and the candidate's side effects inside its scratch space.
 """
@@ -40,7 +42,6 @@ PATH_EVENTS = {
 }
 FRAME_EVENTS = {"sys._getframe", "sys._getframemodulename"}
 FRAME_ATTRIBUTES = {"tb_frame", "gi_frame", "cr_frame", "ag_frame", "f_back", "f_locals", "f_globals", "gi_code"}
-INSPECT_MODULES = ("inspect.py",)
 # Python bindings of CUDA's runtime and driver: from the candidate they count as ctypes does.
 CUDA_BINDINGS = ("cuda", "cupy", "cupy_backends", "numba.cuda", "pycuda", "cuda_bindings")
 TRITON_COMPILER = (os.sep + "triton" + os.sep + "compiler" + os.sep, os.sep + "triton" + os.sep + "backends" + os.sep,
@@ -49,6 +50,12 @@ TRITON_COMPILER = (os.sep + "triton" + os.sep + "compiler" + os.sep, os.sep + "t
 # Libraries whose own use of ctypes and CUDA's bindings (lazily, inside a call the candidate made) is their business.
 TRUSTED_LIBRARIES = tuple(os.sep + name + os.sep for name in ("torch", "triton"))
 STDLIB = sysconfig.get_paths()["stdlib"]
+# The standard library's functions that hand the frames they ask for (or read off a traceback or a coroutine) back
+# to their caller, by file (None: every function of it): the caller is the asker. Elsewhere the standard library
+# reads frames for its own bookkeeping (namedtuple's module, warnings' stack level, print_exc's traceback).
+FRAME_GIVERS = {os.path.join(STDLIB, *path.split("/")): names for path, names in {
+    "inspect.py": None, "traceback.py": {"walk_stack", "walk_tb"}, "logging/__init__.py": {"<lambda>", "currentframe"},
+    "bdb.py": {"get_stack"}, "pdb.py": {"setup"}, "asyncio/base_tasks.py": {"_task_get_stack"}}.items()}
 
 _state = threading.local()
 
@@ -192,10 +199,15 @@ def called_from(filename: str, frame: object) -> bool:
 
 
 def called_directly(filename: str, frame: object) -> bool:
-    """Whether `frame` is code of `filename` itself, looking through `inspect`."""
-    while frame is not None and frame.f_code.co_filename.endswith(INSPECT_MODULES):  # type: ignore
+    """Whether `frame` is code of `filename` itself, looking through the standard library's `FRAME_GIVERS`."""
+    while frame is not None and _gives_frames(frame.f_code):  # type: ignore[attr-defined]
         frame = frame.f_back  # type: ignore[attr-defined]
     return frame is not None and frame.f_code.co_filename == filename  # type: ignore[attr-defined]
+
+
+def _gives_frames(code: types.CodeType) -> bool:
+    names = FRAME_GIVERS.get(code.co_filename, ())
+    return names is None or code.co_name in names
 
 
 def _acting_file(frame: object) -> str:

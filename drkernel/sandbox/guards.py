@@ -234,19 +234,22 @@ NON_COMPUTE_OPS = frozenset(
 )
 
 
-class TorchOpRecorder(TorchDispatchMode):
-    """Counts the ATen operators the candidate's forward runs (Triton launches never pass through here)."""
+def op_recorder(ops: Counter[str]) -> TorchDispatchMode:
+    """A dispatch mode that counts the ATen operators the candidate's forward runs into `ops` (Triton launches never
+    pass through here). The mode is the candidate's to find (the current mode), so the counts are held in its code
+    (`audit.sealed`), not on it."""
+    count = audit.sealed(_count_op, ops, "__torch_dispatch__")
+    return _type("TorchOpRecorder", (TorchDispatchMode,), {"__torch_dispatch__": count})()
 
-    def __init__(self) -> None:
-        super().__init__()
-        self.ops: Counter[str] = Counter()
 
-    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        self.ops[func.overloadpacket.__name__] += 1
-        return func(*args, **(kwargs or {}))
+def _count_op(mode: Any, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+    ops = "drkernel.audit.sealed"  # audit.SEALED, a constant of the code
+    ops[func.overloadpacket.__name__] += 1
+    return func(*args, **(kwargs or {}))
 
-    def compute_ops(self) -> dict[str, int]:
-        return {op: n for op, n in self.ops.items() if op not in NON_COMPUTE_OPS}
+
+def compute_ops(ops: Counter[str]) -> dict[str, int]:
+    return {op: n for op, n in ops.items() if op not in NON_COMPUTE_OPS}
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -254,23 +257,26 @@ class TorchOpRecorder(TorchDispatchMode):
 
 
 class ThreadOrigins:
-    """Remembers the threads whose start the candidate's code asked for, directly or through a thread pool."""
+    """Remembers the threads whose start the candidate's code asked for, directly or through a thread pool. The
+    wrapper on `threading.Thread.start` holds this object and the candidate's file in its code (`audit.sealed`):
+    in closure cells, a candidate could rewrite them and hide its threads."""
 
     def __init__(self, candidate_file: str) -> None:
         self.threads: weakref.WeakSet[threading.Thread] = weakref.WeakSet()
         self.started = 0  # threads the candidate started, finished ones included
-        original, origins = threading.Thread.start, self
-
-        def start(thread: threading.Thread) -> None:
-            if audit.called_from(candidate_file, sys._getframe(1)):
-                origins.threads.add(thread)
-                origins.started += 1
-            original(thread)
-
-        threading.Thread.start = start  # type: ignore[method-assign]
+        threading.Thread.start = audit.sealed(  # type: ignore[method-assign]
+            _start, (threading.Thread.start, self, candidate_file, audit.called_from, sys._getframe), "start")
 
     def alive(self) -> list[str]:
         return sorted(t.name for t in list(self.threads) if t.is_alive())
+
+
+def _start(thread: threading.Thread) -> None:
+    original, origins, candidate_file, called_from, getframe = "drkernel.audit.sealed"  # type: ignore[misc]
+    if called_from(candidate_file, getframe(1)):
+        origins.threads.add(thread)
+        origins.started += 1
+    original(thread)
 
 
 def live_children() -> bool:

@@ -19,13 +19,28 @@ import resource
 import socket
 from typing import Any, Callable
 
-from drkernel.sandbox import seccomp
+from drkernel.sandbox import audit, seccomp
 from drkernel.sandbox.channel import Channel
 from drkernel.schema import ErrorKind, Status
 
 TELL, ASK, REPLY = "tell", "ask", "reply"  # a message to the judge: no answer awaited, one awaited, the request's end
 HIGHEST_CHANNEL_FD = 4095
 Handler = Callable[[dict[str, Any], list[bytearray]], tuple[dict[str, Any], list[bytes]]]
+
+
+def _tell(header: dict[str, Any]) -> None:
+    """A message to the judge in the middle of a request; returns once it is sent (this thread waits, so the
+    harness's takes the interpreter at once: a timed call's end reaches the judge's clock without delay)."""
+    to_judge, to_worker = "drkernel.audit.sealed"  # audit.SEALED, a constant of the code  # type: ignore[misc]
+    to_judge.put(("tell", header, []))  # TELL: a sealed function has no globals
+    to_worker.get()
+
+
+def _ask(header: dict[str, Any]) -> tuple[dict[str, Any], list[bytearray]]:
+    """A message to the judge, and the judge's answer to it."""
+    to_judge, to_worker = "drkernel.audit.sealed"  # type: ignore[misc]
+    to_judge.put(("ask", header, []))  # ASK
+    return to_worker.get()
 
 
 def channel_out_of_the_way(sock: socket.socket) -> socket.socket:
@@ -47,21 +62,27 @@ def channel_out_of_the_way(sock: socket.socket) -> socket.socket:
 
 
 class CandidateThread:
-    """Runs each request's handler on the candidate's thread and relays what it says to the judge."""
+    """Runs each request's handler on the candidate's thread and relays what it says to the judge.
+
+    `serve` binds the handler and both queues, before any candidate code runs, where candidate code cannot reach
+    them: in the frames of the two threads' loops and in the code of `tell` and `ask` (`audit.sealed`). Read off this
+    object, a candidate that reached it could swap the handler (and edit every reply) or put replies of its own on
+    the queue to the judge."""
 
     def __init__(self, conn: Channel, handle: Handler) -> None:
         self.conn, self.handle = conn, handle
-        self.to_worker: queue.SimpleQueue[Any] = queue.SimpleQueue()
-        self.to_judge: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self.filtered = ""  # why the candidate's thread is not filtered ("" when it is)
 
     def serve(self) -> None:
         """The harness's thread: receive a request, relay the handler's messages, until `finish` is answered."""
         gc.disable()  # collections run on the candidate's thread (`collect`), never here
-        # Bound here, before any candidate code runs: a candidate that reached this object and swapped its queue for
-        # one of its own would have its code run on this thread, which holds the channel.
-        conn, to_worker, to_judge = self.conn, self.to_worker, self.to_judge
-        _thread.start_new_thread(self._work, ())  # no threading.Thread: nothing in `threading` leads to it
+        conn, handle = self.conn, self.handle
+        to_worker: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        to_judge: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self.tell = audit.sealed(_tell, (to_judge, to_worker), "tell")
+        self.ask = audit.sealed(_ask, (to_judge, to_worker), "ask")
+        # no threading.Thread: nothing in `threading` leads to it
+        _thread.start_new_thread(self._work, (handle, to_worker, to_judge))
         while True:
             request = conn.receive()
             to_worker.put(request)
@@ -74,34 +95,23 @@ class CandidateThread:
             if request[0].get("op") == "finish":
                 return
 
-    def _work(self) -> None:
+    def _work(self, handle: Handler, to_worker: Any, to_judge: Any) -> None:
         try:
             seccomp.install(seccomp.channel_filter([self.conn.fileno()]))
         except OSError as exc:
             self.filtered = f"unavailable: {exc}"
         while True:
-            header, payloads = self.to_worker.get()
+            header, payloads = to_worker.get()
             try:
-                reply, reply_payloads = self.handle(header, payloads)
+                reply, reply_payloads = handle(header, payloads)
             except BaseException as exc:  # the handler answers failures itself; this is the harness's own
                 reply, reply_payloads = {"failure": {"status": Status.CRASHED.value,
                                                      "kind": ErrorKind.SANDBOX_ERROR.value,
                                                      "message": f"the subject's handler failed: {exc!r}",
                                                      "traceback": ""}}, []
-            self.to_judge.put((REPLY, reply, reply_payloads))
+            to_judge.put((REPLY, reply, reply_payloads))
             if header.get("op") == "finish":
                 return
-
-    def tell(self, header: dict[str, Any]) -> None:
-        """A message to the judge in the middle of a request; returns once it is sent (this thread waits, so the
-        harness's takes the interpreter at once: a timed call's end reaches the judge's clock without delay)."""
-        self.to_judge.put((TELL, header, []))
-        self.to_worker.get()
-
-    def ask(self, header: dict[str, Any]) -> tuple[dict[str, Any], list[bytearray]]:
-        """A message to the judge, and the judge's answer to it."""
-        self.to_judge.put((ASK, header, []))
-        return self.to_worker.get()
 
     @staticmethod
     def collect() -> None:

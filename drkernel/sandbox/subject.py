@@ -362,8 +362,8 @@ class Subject:
         threads_before, started_before = self.thread_origins.alive(), self.thread_origins.started
         children_before = guards.live_children()
         self.recorder.take()
-        ops = guards.TorchOpRecorder() if not self.allow_glue else nullcontext()
-        with self._candidate_running(), ops:
+        ops: Counter[str] = Counter()
+        with self._candidate_running(), guards.op_recorder(ops) if not self.allow_glue else nullcontext():
             try:
                 out = self.model(*args)
             except BaseException as exc:
@@ -376,8 +376,8 @@ class Subject:
                 f"A Triton kernel ({failed[0]}) failed and forward still returned: the candidate caught the error "
                 "and fell back to other code. Fix the kernel instead of catching its failure.",
             )
-        if not self.allow_glue and ops.compute_ops():  # type: ignore[union-attr]
-            used = ", ".join(f"{op} x{n}" for op, n in sorted(ops.compute_ops().items()))  # type: ignore[union-attr]
+        if guards.compute_ops(ops):
+            used = ", ".join(f"{op} x{n}" for op, n in sorted(guards.compute_ops(ops).items()))
             self.findings.add(
                 guards.TORCH_COMPUTE,
                 f"forward computes with PyTorch operators ({used}); this evaluation allows no PyTorch compute "
