@@ -1,7 +1,7 @@
 """How many evaluation processes a host starts and ends a second on one GPU, at one or more at once (issue 20).
 
 Every evaluation is two processes forked from the fork server (`drkernel.sandbox.forkserver`), a judge and a subject,
-each starting CUDA as `forkserver._prepare` does (the context and a first kernel; in the subject, which profiles, a
+each starting CUDA as `processes.prepare_process` does (the context and a first kernel; in the subject, which profiles, a
 profiler around it: CUPTI's initialisation) and ending with its context. The RL-shaped batch (`gpu_bench.py rl_batch`) judged about 80 distinct
 candidates a minute with 3 evaluations at once and with 4, and each evaluation grew longer by what the fourth would
 have added: something the evaluations share sets the rate. This measures one such thing, the host's starts and ends

@@ -297,11 +297,11 @@ def test_the_fork_server_leaves_its_start_up_out_of_the_collectors_passes() -> N
     """Everything made at start-up is frozen, so a full collection in an evaluation scans only what it made since."""
     import gc
 
-    from drkernel.sandbox import forkserver
+    from drkernel.sandbox import processes
 
     made = len(gc.get_objects())  # every object the collector would scan in a full pass (torch's included)
     try:
-        forkserver._freeze_start_up()
+        processes.freeze_start_up()
         assert made > 10_000 and gc.get_freeze_count() >= made and len(gc.get_objects()) < 100
     finally:
         gc.unfreeze()

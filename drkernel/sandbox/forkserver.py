@@ -24,17 +24,13 @@ evaluation runs without one, and its result's `environment.confinement` says why
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import gc
 import json
 import os
 import select
 import signal
 import sys
-import tempfile
 import threading
-import time
-from pathlib import Path
 from typing import Any
 
 if __name__ == "__main__":
@@ -60,14 +56,9 @@ import torch.fx.experimental.symbolic_shapes  # noqa: E402, F401
 import triton.runtime.interpreter  # noqa: E402, F401  (the launch recorder wraps its launcher)
 import triton.testing  # noqa: E402, F401
 
-from drkernel.sandbox import audit, channel, confine, isolate, judge, procfs, relay, startup, subject, timing
-from drkernel.sandbox.gate import DeviceGate
-from drkernel.sandbox.subject_link import ChildSubject, SubjectLink
-from drkernel.schema import ErrorKind, EvalRequest, EvalResult, Status
+from drkernel.sandbox import audit, confine, isolate, processes, procfs, startup, timing
+from drkernel.schema import ErrorKind, EvalResult, Status
 
-GO_POLL_S = 0.002
-PR_SET_DUMPABLE = 4
-SCRATCH = "subject"  # the subject's folder inside the working directory: the only place it writes (and the cache)
 
 
 REAPER = """
@@ -106,7 +97,7 @@ def user_namespace_init(job: dict[str, Any], parent_pid: int, inherited_fds: lis
 
 def _set_up_failed(report_fd: int, exc: BaseException) -> None:
     """Report the harness's own failure to set an evaluation's processes up, and end this one."""
-    _report_result(report_fd, EvalResult.failed(Status.INVALID, ErrorKind.SANDBOX_ERROR,
+    processes.report_result(report_fd, EvalResult.failed(Status.INVALID, ErrorKind.SANDBOX_ERROR,
                                                  f"sandbox set-up failed: {exc!r}"))
     os._exit(0)
 
@@ -130,122 +121,10 @@ def namespace_init(job: dict[str, Any], inherited_fds: list[int], report_fd: int
     evaluation = os.fork()
     if evaluation == 0:
         os.close(status_fd)
-        child_main(job, 1, inherited_fds, report_fd, private_proc=True)
+        processes.judge_main(job, 1, inherited_fds, report_fd, private_proc=True)
     os.close(report_fd)
     os.set_inheritable(status_fd, True)
     _exec_small(REAPER, str(evaluation), str(status_fd))
-
-
-def child_main(job: dict[str, Any], parent_pid: int, inherited_fds: list[int], report_fd: int,
-               private_proc: bool = False) -> None:
-    """The judge's process: set up, fork the subject, prepare, wait for the start signal, evaluate, report."""
-    workdir = job["workdir"]
-    try:
-        isolate.detach(parent_pid, new_session=not private_proc)  # in a namespace, PID 1 leads the group
-        for fd in inherited_fds:
-            os.close(fd)
-        isolate.redirect_output(workdir)
-        os.chdir(workdir)
-        os.environ.update(HOME=workdir, TMPDIR=workdir, TRITON_CACHE_DIR=job["triton_cache"])
-        tempfile.tempdir = workdir  # the fork server's imports already asked tempfile for its directory
-        cpu = job["device"] == "cpu"
-        if cpu:
-            os.environ.update(TRITON_INTERPRET="1", CUDA_VISIBLE_DEVICES="")
-        else:
-            os.environ["CUDA_VISIBLE_DEVICES"] = str(job["gpu"])
-        isolate.limit_resources(job["memory_limit_mb"] if cpu else None)
-        networked = not isolate.isolate_network(allow_user_namespace=cpu)
-        import faulthandler
-
-        faulthandler.enable(file=sys.stderr, all_threads=False)
-        device = torch.device("cpu") if cpu else torch.device("cuda", 0)
-        scratch = Path(workdir) / SCRATCH
-        scratch.mkdir(mode=0o700)
-        os.chmod(workdir, 0o711)  # the subject, confined to its scratch folder, passes through, lists nothing
-        gate_named = (Path(workdir) / "gate").exists()
-        judge_end, subject_end = channel.pair()
-        subject_pid = os.fork()
-        if subject_pid == 0:
-            judge_end.close()
-            os.close(report_fd)
-            subject_main(job, scratch, subject_end, device, os.getppid(), private_proc, gate_named)
-        subject_end.close()
-        ctypes.CDLL(None).prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)  # the subject cannot trace it or open its descriptors
-        _prepare(device, profiles=False)
-        gate = DeviceGate.for_workdir(Path(workdir), lambda waiting: channel.report(report_fd, {"waiting": waiting}))
-        started = time.perf_counter()
-        confinement = confine.confine(workdir, job["triton_cache"], private_proc)
-        confinement["pid_namespace"] = "private, own /proc" if private_proc else job["pid_namespace"]
-        confinement["user_namespace"] = job["user_namespace"]
-        confine_s = time.perf_counter() - started
-        while not os.path.exists("go"):
-            time.sleep(GO_POLL_S)
-        channel.report(report_fd, {"started": True})  # a death of the fork server is now this evaluation's doing
-        start_latency = time.time() - float(Path("go").read_text() or "nan")
-        request = EvalRequest.from_dict(json.loads(Path("request.json").read_text()))
-        link = SubjectLink(channel.Channel(judge_end), ChildSubject(subject_pid), scratch, device, gate)
-        result = judge.judge_request(request, Path(workdir), device, gate, link)
-        result.phases_s["start_latency"] = round(start_latency, 4)  # from the start signal to the judge
-        result.phases_s["confine"] = round(confine_s, 4)  # before the start signal, overlapped with others' runs
-        if result.environment is not None:
-            result.environment.confinement = {**confinement, **result.environment.confinement}
-        if networked:
-            result.notes.append("sandbox: network namespace unavailable here; the candidate had network access")
-    except isolate.LimitTooLow as exc:
-        result = EvalResult.failed(Status.INVALID, ErrorKind.LIMIT_TOO_LOW, str(exc))
-    except BaseException as exc:  # set-up failed before the candidate ran: the harness's problem, say so
-        import traceback as _t
-        result = EvalResult.failed(Status.INVALID, ErrorKind.SANDBOX_ERROR, f"sandbox set-up failed: {exc!r}",
-                                   _t.format_exc())
-    _report_result(report_fd, result)
-    os._exit(0)
-
-
-def subject_main(job: dict[str, Any], scratch: Path, conn: Any, device: torch.device, judge_pid: int,
-                 private_proc: bool, gate_named: bool) -> None:
-    """The subject's process: its own output files, folder and confinement; then it serves the judge's requests."""
-    code = 0
-    try:
-        isolate.detach(judge_pid, new_session=False)  # dies with the judge, stays in its process group
-        isolate.redirect_output(str(scratch))
-        os.chdir(scratch)
-        # inductor's cache inside the scratch space too: TORCHINDUCTOR_CACHE_DIR may come from the supervisor, and
-        # what the candidate compiles, or torch._dynamo's first import (torch.library makes it), would write there
-        os.environ.update(HOME=str(scratch), TMPDIR=str(scratch),
-                          TORCHINDUCTOR_CACHE_DIR=str(scratch / "torchinductor"))
-        tempfile.tempdir = str(scratch)
-        _prepare(device, profiles=True)
-        conn = relay.channel_out_of_the_way(conn)
-        layers = confine.confine(str(scratch), job["triton_cache"], private_proc, filter_syscalls=True)
-        subject.serve(channel.Channel(conn), scratch, device, gate_hooks=gate_named and device.type == "cuda",
-                      confinement=layers)
-    except channel.ChannelClosed:  # the judge is done with it
-        pass
-    except BaseException:
-        import traceback
-
-        traceback.print_exc()
-        code = 1
-    os._exit(code)
-
-
-def _prepare(device: torch.device, profiles: bool) -> None:
-    """A process's start-up before the evaluation; what it made is then frozen out of the garbage collector (below).
-    Only the subject, which profiles the candidate, starts the profiler (CUPTI) here."""
-    try:
-        if device.type == "cuda":
-            torch.cuda.init()
-        startup.warm_up(device, profiles)
-    except Exception as exc:
-        raise isolate.blame_address_space("CUDA" if device.type == "cuda" else "the evaluation", exc) from exc
-    _freeze_start_up()
-
-
-def _freeze_start_up() -> None:
-    """Leave every object made so far (torch's, Triton's, the CUDA set-up's: about 300,000) out of the cyclic garbage
-    collector's passes: a full pass over them takes about 120 ms (measured on the CPU), a pause that lands inside
-    an evaluation's phases, several of which hold the GPU for everyone. They live as long as the process anyway."""
-    gc.freeze()
 
 
 def _preload() -> None:
@@ -265,18 +144,6 @@ def _preload() -> None:
     startup.find_dynamo_disabled()  # once everything is imported
 
 
-def _report_result(report_fd: int, result: EvalResult) -> None:
-    try:
-        text = result.to_dict()
-    except (TypeError, ValueError) as exc:  # never blame the candidate for the harness's own failure
-        text = EvalResult.failed(Status.INVALID, ErrorKind.SANDBOX_ERROR, f"unserialisable result: {exc}").to_dict()
-    try:
-        channel.report(report_fd, {"result": text})
-    except (TypeError, ValueError) as exc:
-        channel.report(report_fd, {"result": EvalResult.failed(
-            Status.INVALID, ErrorKind.SANDBOX_ERROR, f"unserialisable result: {exc}").to_dict()})
-
-
 def _stop_writing_bytecode() -> None:
     """The fork server's bytecode folder (drkernel.runner.forkserver.sandbox_environment) served its own imports
     only: evaluations, and any Python they start, read and write none of it (a candidate's bytecode there would run in
@@ -291,7 +158,7 @@ def serve() -> None:
     _preload()
     _stop_writing_bytecode()
     audit.AUDIT.install()  # inherited by every evaluation; it acts in the subject, once it knows the candidate's file
-    _freeze_start_up()  # before the forks: the children's collections skip the imports too
+    processes.freeze_start_up()  # before the forks: the children's collections skip the imports too
     gc.enable()  # off while the fork server imported (above); every evaluation collects as before
     me = os.getpid()
     wake_r, wake_w = os.pipe()
@@ -337,7 +204,7 @@ def serve() -> None:
                             if namespaces == confine.USER_NAMESPACE:
                                 user_namespace_init(job, me, fds, report_w, status_w)
                             namespace_init(job, fds, report_w, status_w)
-                        child_main(job, me, fds, report_w)
+                        processes.judge_main(job, me, fds, report_w)
                     os.close(report_w)
                     if private:
                         if namespaces == confine.ROOT_NAMESPACE:
