@@ -31,33 +31,14 @@ PR_SET_DUMPABLE = 4
 SCRATCH = "subject"  # the subject's folder inside the working directory: the only place it writes (and the cache)
 
 
-
 def judge_main(job: dict[str, Any], parent_pid: int, inherited_fds: list[int], report_fd: int,
                private_proc: bool = False) -> None:
     """The judge's process: set up, fork the subject, prepare, wait for the start signal, evaluate, report."""
     workdir = job["workdir"]
     try:
-        isolate.detach(parent_pid, new_session=not private_proc)  # in a namespace, PID 1 leads the group
-        for fd in inherited_fds:
-            os.close(fd)
-        isolate.redirect_output(workdir)
-        os.chdir(workdir)
-        os.environ.update(HOME=workdir, TMPDIR=workdir, TRITON_CACHE_DIR=job["triton_cache"])
-        tempfile.tempdir = workdir  # the fork server's imports already asked tempfile for its directory
-        cpu = job["device"] == "cpu"
-        if cpu:
-            os.environ.update(TRITON_INTERPRET="1", CUDA_VISIBLE_DEVICES="")
-        else:
-            os.environ["CUDA_VISIBLE_DEVICES"] = str(job["gpu"])
-        isolate.limit_resources(job["memory_limit_mb"] if cpu else None)
-        networked = not isolate.isolate_network(allow_user_namespace=cpu)
-        import faulthandler
-
-        faulthandler.enable(file=sys.stderr, all_threads=False)
-        device = torch.device("cpu") if cpu else torch.device("cuda", 0)
-        scratch = Path(workdir) / SCRATCH
-        scratch.mkdir(mode=0o700)
-        os.chmod(workdir, 0o711)  # the subject, confined to its scratch folder, passes through, lists nothing
+        device, networked = set_up_judge(job, parent_pid, inherited_fds, private_proc)
+        isolate.limit_resources(job["memory_limit_mb"] if device.type == "cpu" else None)
+        scratch = make_scratch(Path(workdir))
         gate_named = (Path(workdir) / "gate").exists()
         judge_end, subject_end = channel.pair()
         subject_pid = os.fork()
@@ -70,31 +51,82 @@ def judge_main(job: dict[str, Any], parent_pid: int, inherited_fds: list[int], r
         prepare_process(device, profiles=False)
         gate = DeviceGate.for_workdir(Path(workdir), lambda waiting: channel.report(report_fd, {"waiting": waiting}))
         started = time.perf_counter()
-        confinement = confine.confine(workdir, job["triton_cache"], private_proc)
-        confinement["pid_namespace"] = "private, own /proc" if private_proc else job["pid_namespace"]
-        confinement["user_namespace"] = job["user_namespace"]
+        confinement = judge_confinement(job, workdir, private_proc)
         confine_s = time.perf_counter() - started
         while not os.path.exists("go"):
             time.sleep(GO_POLL_S)
         channel.report(report_fd, {"started": True})  # a death of the fork server is now this evaluation's doing
         start_latency = time.time() - float(Path("go").read_text() or "nan")
-        request = EvalRequest.from_dict(json.loads(Path("request.json").read_text()))
         link = SubjectLink(channel.Channel(judge_end), ChildSubject(subject_pid), scratch, device, gate)
-        result = judge.judge_request(request, Path(workdir), device, gate, link)
+        result = judged(Path(workdir), device, gate, link, confinement, networked)
         result.phases_s["start_latency"] = round(start_latency, 4)  # from the start signal to the judge
         result.phases_s["confine"] = round(confine_s, 4)  # before the start signal, overlapped with others' runs
-        if result.environment is not None:
-            result.environment.confinement = {**confinement, **result.environment.confinement}
-        if networked:
-            result.notes.append("sandbox: network namespace unavailable here; the candidate had network access")
-    except isolate.LimitTooLow as exc:
-        result = EvalResult.failed(Status.INVALID, ErrorKind.LIMIT_TOO_LOW, str(exc))
-    except BaseException as exc:  # set-up failed before the candidate ran: the harness's problem, say so
-        import traceback as _t
-        result = EvalResult.failed(Status.INVALID, ErrorKind.SANDBOX_ERROR, f"sandbox set-up failed: {exc!r}",
-                                   _t.format_exc())
+    except BaseException as exc:
+        result = set_up_failure(exc)
     report_result(report_fd, result)
     os._exit(0)
+
+
+def set_up_judge(job: dict[str, Any], parent_pid: int, inherited_fds: list[int], private_proc: bool
+                 ) -> tuple[torch.device, bool]:
+    """The judge's process before anything of an evaluation: its own group (or PID 1's), its output files, folder and
+    environment in `job["workdir"]`, its device, a network namespace; (the device, whether the network stayed)."""
+    workdir = job["workdir"]
+    isolate.detach(parent_pid, new_session=not private_proc)  # in a namespace, PID 1 leads the group
+    for fd in inherited_fds:
+        os.close(fd)
+    isolate.redirect_output(workdir)
+    os.chdir(workdir)
+    os.environ.update(HOME=workdir, TMPDIR=workdir, TRITON_CACHE_DIR=job["triton_cache"])
+    tempfile.tempdir = workdir  # the fork server's imports already asked tempfile for its directory
+    cpu = job["device"] == "cpu"
+    if cpu:
+        os.environ.update(TRITON_INTERPRET="1", CUDA_VISIBLE_DEVICES="")
+    else:
+        os.environ["CUDA_VISIBLE_DEVICES"] = str(job["gpu"])
+    networked = not isolate.isolate_network(allow_user_namespace=cpu)
+    import faulthandler
+
+    faulthandler.enable(file=sys.stderr, all_threads=False)
+    return (torch.device("cpu") if cpu else torch.device("cuda", 0)), networked
+
+
+def make_scratch(workdir: Path) -> Path:
+    """The subject's folder in an evaluation's working directory, which it passes through and cannot list."""
+    scratch = workdir / SCRATCH
+    scratch.mkdir(mode=0o700)
+    os.chmod(workdir, 0o711)
+    return scratch
+
+
+def judge_confinement(job: dict[str, Any], workdir: str, private_proc: bool) -> dict[str, str]:
+    """Confine the judge's process to `workdir` (and the Triton cache); what confines it, for the result."""
+    confinement = confine.confine(workdir, job["triton_cache"], private_proc)
+    confinement["pid_namespace"] = "private, own /proc" if private_proc else job["pid_namespace"]
+    confinement["user_namespace"] = job["user_namespace"]
+    return confinement
+
+
+def judged(workdir: Path, device: torch.device, gate: DeviceGate | None, link: SubjectLink,
+           confinement: dict[str, str], networked: bool) -> EvalResult:
+    """The request in `workdir` judged against the subject behind `link`; the judge's confinement in the result."""
+    request = EvalRequest.from_dict(json.loads((workdir / "request.json").read_text()))
+    result = judge.judge_request(request, workdir, device, gate, link)
+    if result.environment is not None:
+        result.environment.confinement = {**confinement, **result.environment.confinement}
+    if networked:
+        result.notes.append("sandbox: network namespace unavailable here; the candidate had network access")
+    return result
+
+
+def set_up_failure(exc: BaseException) -> EvalResult:
+    """The result when the harness failed before the candidate ran: the harness's problem, said so."""
+    if isinstance(exc, isolate.LimitTooLow):
+        return EvalResult.failed(Status.INVALID, ErrorKind.LIMIT_TOO_LOW, str(exc))
+    import traceback
+
+    return EvalResult.failed(Status.INVALID, ErrorKind.SANDBOX_ERROR, f"sandbox set-up failed: {exc!r}",
+                             traceback.format_exc())
 
 
 def subject_main(job: dict[str, Any], scratch: Path, conn: Any, device: torch.device, judge_pid: int,
