@@ -116,7 +116,9 @@ def results(request: pytest.FixtureRequest) -> Iterator[dict[Path, Future[EvalRe
         try:
             supervisor = supervisors.get_nowait()
         except queue.Empty:
-            supervisor = supervisor_for(EvalOptions())  # as drkernel.evaluate makes one for the default device
+            # as drkernel.evaluate makes one for the default device; with DRKERNEL_TEST_JUDGE_HOSTS=1, judges that
+            # outlive their evaluations (drkernel.sandbox.judge_host) judge every candidate
+            supervisor = supervisor_for(EvalOptions(), judge_hosts=os.environ.get("DRKERNEL_TEST_JUDGE_HOSTS") == "1")
             made.append(supervisor)
         try:
             return evaluate_file(path, supervisor)

@@ -20,15 +20,17 @@ from tests import ordinary_user
 REPO = Path(__file__).resolve().parents[1]
 UID = 61_000 + os.getpid() % 1000  # no process of the machine runs as it
 SUITES = ["tests/test_isolation.py", "tests/test_hacking.py", "tests/test_confinement.py",
-          "tests/test_home_confinement.py"]
+          "tests/test_home_confinement.py", "tests/test_judge_hosts.py"]
 TASK = REPO / "examples" / "tasks" / "2_relu.py"
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="already an ordinary user: every suite runs unprivileged")
 
 
-def _run(argv: list[str], user_namespaces: bool = True, timeout: float = 900) -> subprocess.CompletedProcess[str]:
+def _run(argv: list[str], user_namespaces: bool = True, timeout: float = 900,
+         extra_env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     home = Path("/home") / f"drkernel-test-{UID}"
-    env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1", "DRKERNEL_TEST_EXPECT_UID": str(UID), "TMPDIR": str(home)}
+    env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1", "DRKERNEL_TEST_EXPECT_UID": str(UID), "TMPDIR": str(home),
+           **(extra_env or {})}
     try:
         return subprocess.run(ordinary_user.command(UID, home, argv, user_namespaces), cwd=REPO, env=env,
                               capture_output=True, text=True, timeout=timeout)
@@ -52,6 +54,15 @@ def test_the_guarding_suites_pass_as_an_ordinary_user(user_namespaces_here: None
     tail = (proc.stdout + proc.stderr)[-4000:]
     assert proc.returncode == 0, tail
     assert " passed" in tail and " failed" not in tail, tail
+
+
+def test_the_red_team_through_judge_hosts_as_an_ordinary_user(user_namespaces_here: None) -> None:
+    """Every exploit and legitimate candidate again, each judged by a judge that outlives its evaluations."""
+    proc = _run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--rootdir", str(REPO),
+                 "--basetemp", f"/home/drkernel-test-{UID}/pytest", str(REPO / "tests" / "test_hacking.py")],
+                extra_env={"DRKERNEL_TEST_JUDGE_HOSTS": "1"})
+    tail = (proc.stdout + proc.stderr)[-4000:]
+    assert proc.returncode == 0 and " passed" in tail and " failed" not in tail, tail
 
 
 @pytest.mark.parametrize("user_namespaces", [True, False], ids=["user-namespaces", "user-namespaces-refused"])

@@ -27,8 +27,8 @@ def with_overrides(options: EvalOptions | None, **overrides: Any) -> EvalOptions
     return EvalOptions.from_dict({**(options or EvalOptions()).to_dict(), **overrides})
 
 
-def supervisor_for(options: EvalOptions) -> Supervisor:
+def supervisor_for(options: EvalOptions, judge_hosts: bool = False) -> Supervisor:
     """A supervisor of evaluations on the device the options ask for (on a GPU machine, the first GPU); the caller
-    closes it."""
+    closes it. `judge_hosts`: see `Supervisor`."""
     device = resolve_device(options.device)
-    return Supervisor(device=device, gpu=discover_gpus()[0] if device == "cuda" else None)
+    return Supervisor(device=device, gpu=discover_gpus()[0] if device == "cuda" else None, judge_hosts=judge_hosts)

@@ -57,10 +57,34 @@ class JobHandle:
     result_at: float | None = None  # monotonic time the verdict arrived
     server_died: bool = False
     server: Any = None  # the fork server process that owns the job
+    # A judge host's (drkernel.sandbox.judge_host): the evaluations handed to it, by id, each with a handle of its
+    # own, finished by its verdict; and the uid it runs as, once it has said so.
+    evaluations: dict[str, JobHandle] = field(default_factory=dict)
+    uid: int | None = None
+    host_ready: threading.Event = field(default_factory=threading.Event)
+
+    def end_evaluations(self) -> None:
+        """The host ended: every evaluation it had not answered ends with it, with its status."""
+        for evaluation in list(self.evaluations.values()):
+            if not evaluation.finished.is_set():
+                evaluation.status, evaluation.server_died = self.status, self.server_died
+                evaluation.finished.set()
+        self.evaluations.clear()
+        self.host_ready.set()
 
 
 def _take_event(job: JobHandle, event: dict[str, Any]) -> None:
-    if "waiting" in event:
+    if "job" in event:  # a judge host's report on one of its evaluations
+        evaluation = job.evaluations.get(str(event["job"]))
+        if evaluation is not None:
+            _take_event(evaluation, {k: v for k, v in event.items() if k != "job"})
+            if evaluation.result is not None:
+                job.evaluations.pop(evaluation.id, None)
+                evaluation.finished.set()
+    elif "uid" in event:
+        job.uid = int(event["uid"])
+        job.host_ready.set()
+    elif "waiting" in event:
         job.waiting = bool(event["waiting"])
     elif "started" in event:
         job.started = True
@@ -139,6 +163,7 @@ class ForkServer:
                 job.status = message["status"]
                 with self._lock:
                     self._jobs.pop(job.id, None)
+                job.end_evaluations()
                 job.finished.set()
         proc.wait()
         ready.set()
@@ -148,6 +173,7 @@ class ForkServer:
                 self._jobs.pop(job.id, None)
         for job in orphans:
             job.server_died = True
+            job.end_evaluations()
             job.spawned.set()
             job.finished.set()
 

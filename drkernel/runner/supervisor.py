@@ -31,6 +31,7 @@ from drkernel.errors import EngineError
 from drkernel.sandbox import procfs
 from drkernel.sandbox.gate import GATE_FILE
 from drkernel.runner.forkserver import ForkServer, ForkServerDied, JobHandle
+from drkernel.runner.judge_hosts import JudgeHosts
 from drkernel.schema import ErrorInfo, ErrorKind, EvalRequest, EvalResult, HackReason, Status
 
 WATCH_INTERVAL_S = 0.05
@@ -51,9 +52,10 @@ class _NeverStarted(EngineError):
 class Prepared:
     request: EvalRequest
     handle: JobHandle | None
-    workdir: Path
+    workdir: Path | None  # None until a judge host takes it
     refused: EvalResult | None = None  # the result, when the process could not even be started
     started_at: float | None = None
+    on_host: bool = False  # judged by a judge host (drkernel.runner.judge_hosts), not a process of its own
 
 
 class Supervisor:
@@ -66,7 +68,10 @@ class Supervisor:
         bytecode_cache: str | Path | None = None,
         memory_cap_mb: int | None = None,
         overlap: int | None = None,
+        judge_hosts: bool = False,
     ) -> None:
+        """`judge_hosts`: each evaluation slot's judge outlives its evaluations (drkernel.sandbox.judge_host), so an
+        evaluation starts one process (its subject) instead of two."""
         if device not in ("cpu", "cuda"):
             raise ValueError(f"a supervisor runs evaluations on cpu or cuda, not {device!r}")
         if device == "cuda" and gpu is None:
@@ -92,6 +97,9 @@ class Supervisor:
         # Triton decides at import whether @triton.jit interprets: the fork server must import it in the right mode.
         interpret = {"TRITON_INTERPRET": "1", "CUDA_VISIBLE_DEVICES": ""} if device == "cpu" else {}
         self.server = ForkServer(env=interpret, bytecode_cache=self.bytecode_cache)
+        self.hosts = JudgeHosts(self.server, self.root, {
+            "device": device, "gpu": gpu, "memory_limit_mb": self.memory_cap_mb, "triton_cache": str(self.triton_cache),
+            "gate_named": self.overlap > 1}, self.overlap) if judge_hosts else None
 
     # One evaluation -------------------------------------------------------------------------------------------
 
@@ -100,8 +108,10 @@ class Supervisor:
         return self.finish(self.prepare(request))
 
     def prepare(self, request: EvalRequest) -> Prepared:
-        workdir = Path(tempfile.mkdtemp(prefix="job-", dir=self.root))
         refused = memory_floor_refusal(self.device, request.options.memory_limit_mb, self.memory_cap_mb)
+        if self.hosts is not None:  # its working directory is made in the host's folder, once a host takes it
+            return Prepared(request, None, None, refused, on_host=True)
+        workdir = Path(tempfile.mkdtemp(prefix="job-", dir=self.root))
         if refused is not None:
             return Prepared(request, None, workdir, refused)
         (workdir / "request.json").write_text(json.dumps(request.to_dict()))
@@ -129,8 +139,27 @@ class Supervisor:
         return min(request.options.memory_limit_mb, self.memory_cap_mb)
 
     def finish(self, prepared: Prepared) -> EvalResult:
+        if prepared.on_host and prepared.refused is None:
+            return self._finish_on_host(prepared)
         self.start(prepared)
         return self.collect(prepared)
+
+    def _finish_on_host(self, prepared: Prepared) -> EvalResult:
+        """Hand the evaluation to a free judge host and wait for it as for a process of its own; a host that a
+        timeout or the memory watchdog ends is replaced at the next evaluation."""
+        assert self.hosts is not None
+        host = self.hosts.take()
+        try:
+            try:
+                prepared.handle, prepared.workdir = host.hand_over(
+                    prepared.request, self.memory_limit_mb(prepared.request), self.gate if self.overlap > 1 else None)
+            except (ForkServerDied, OSError) as exc:
+                return EvalResult.failed(Status.CRASHED, ErrorKind.SANDBOX_ERROR,
+                                         f"could not start the evaluation: {exc}")
+            prepared.started_at = time.monotonic()
+            return self.collect(prepared)
+        finally:
+            self.hosts.give_back(host)
 
     def start(self, prepared: Prepared) -> None:
         """Let a prepared evaluation run; its deadline counts from here."""
@@ -151,7 +180,8 @@ class Supervisor:
             # none of this request's code has run, so it runs afresh.
             return self.finish(self.prepare(prepared.request))
         finally:
-            shutil.rmtree(prepared.workdir, ignore_errors=True)
+            if prepared.workdir is not None:
+                shutil.rmtree(prepared.workdir, ignore_errors=True)
 
     def _wait(self, prepared: Prepared) -> EvalResult:
         handle, workdir, options = prepared.handle, prepared.workdir, prepared.request.options
@@ -175,7 +205,8 @@ class Supervisor:
             procfs.kill_group(handle.pid)
             handle.finished.wait(KILL_GRACE_S)
             break
-        if outcome == "done":  # a subject the judge could not signal (Landlock's scopes) ends with its group
+        # A subject the judge could not signal (Landlock's scopes) ends with its group; a judge host's ends it itself.
+        if outcome == "done" and not prepared.on_host:
             try:
                 os.killpg(handle.pid, signal.SIGKILL)
             except OSError:

@@ -31,7 +31,7 @@ import select
 import signal
 import sys
 import threading
-from typing import Any
+from typing import Any, Callable
 
 if __name__ == "__main__":
     # No cyclic collection while the fork server imports: the collector's passes over the objects torch's import
@@ -56,7 +56,7 @@ import torch.fx.experimental.symbolic_shapes  # noqa: E402, F401
 import triton.runtime.interpreter  # noqa: E402, F401  (the launch recorder wraps its launcher)
 import triton.testing  # noqa: E402, F401
 
-from drkernel.sandbox import audit, confine, isolate, processes, procfs, startup, timing
+from drkernel.sandbox import audit, confine, isolate, judge_host, processes, procfs, startup, timing
 from drkernel.schema import ErrorKind, EvalResult, Status
 
 
@@ -95,6 +95,11 @@ def user_namespace_init(job: dict[str, Any], parent_pid: int, inherited_fds: lis
     _exec_small(WAITER, str(init))
 
 
+def main_of(job: dict[str, Any]) -> Callable[..., None]:
+    """The judge's main function a job asks for: one evaluation's, or a judge host's (drkernel.sandbox.judge_host)."""
+    return judge_host.host_main if job.get("host") else processes.judge_main
+
+
 def _set_up_failed(report_fd: int, exc: BaseException) -> None:
     """Report the harness's own failure to set an evaluation's processes up, and end this one."""
     processes.report_result(report_fd, EvalResult.failed(Status.INVALID, ErrorKind.SANDBOX_ERROR,
@@ -121,7 +126,7 @@ def namespace_init(job: dict[str, Any], inherited_fds: list[int], report_fd: int
     evaluation = os.fork()
     if evaluation == 0:
         os.close(status_fd)
-        processes.judge_main(job, 1, inherited_fds, report_fd, private_proc=True)
+        main_of(job)(job, 1, inherited_fds, report_fd, private_proc=True)
     os.close(report_fd)
     os.set_inheritable(status_fd, True)
     _exec_small(REAPER, str(evaluation), str(status_fd))
@@ -204,7 +209,7 @@ def serve() -> None:
                             if namespaces == confine.USER_NAMESPACE:
                                 user_namespace_init(job, me, fds, report_w, status_w)
                             namespace_init(job, fds, report_w, status_w)
-                        processes.judge_main(job, me, fds, report_w)
+                        main_of(job)(job, me, fds, report_w)
                     os.close(report_w)
                     if private:
                         if namespaces == confine.ROOT_NAMESPACE:

@@ -176,13 +176,15 @@ def freeze_start_up() -> None:
     gc.freeze()
 
 
-def report_result(report_fd: int, result: EvalResult) -> None:
+def report_result(report_fd: int, result: EvalResult, job_id: str | None = None) -> None:
+    """The verdict on the judge's pipe (tagged with its job where a judge host judges many)."""
+    tag = {} if job_id is None else {"job": job_id}
     try:
         text = result.to_dict()
     except (TypeError, ValueError) as exc:  # never blame the candidate for the harness's own failure
         text = EvalResult.failed(Status.INVALID, ErrorKind.SANDBOX_ERROR, f"unserialisable result: {exc}").to_dict()
     try:
-        channel.report(report_fd, {"result": text})
+        channel.report(report_fd, {**tag, "result": text})
     except (TypeError, ValueError) as exc:
-        channel.report(report_fd, {"result": EvalResult.failed(
+        channel.report(report_fd, {**tag, "result": EvalResult.failed(
             Status.INVALID, ErrorKind.SANDBOX_ERROR, f"unserialisable result: {exc}").to_dict()})

@@ -71,16 +71,18 @@ class _Slot:
 class Scheduler:
     def __init__(
         self, device: str = "auto", workers: int | None = None, max_attempts: int = 3, overlap: int | None = None,
-        cache_entries: int = DEFAULT_ENTRIES,
+        cache_entries: int = DEFAULT_ENTRIES, judge_hosts: bool = False,
     ) -> None:
         """`cache_entries`: verdicts kept for identical requests (least recently used dropped); 0 switches the
-        cache off, every request then runs."""
+        cache off, every request then runs. `judge_hosts`: each evaluation slot's judge outlives its evaluations
+        (drkernel.sandbox.judge_host): one process started per evaluation instead of two."""
         self.device = resolve_device(device)
         if cache_entries < 0:
             raise ValueError("cache_entries must be >= 0 (0 switches the result cache off)")
         self.cache = ResultCache(self.device, cache_entries) if cache_entries else None
         self.max_attempts = max_attempts
         self.overlap = overlap  # evaluations running at once per worker (drkernel.runner.supervisor.DeviceQueue)
+        self.judge_hosts = judge_hosts
         self.jobs_per_worker = JOBS_PER_WORKER if overlap is None else overlap + PREPARED_AHEAD
         if self.device == "cuda":
             gpus = discover_gpus()
@@ -207,6 +209,8 @@ class Scheduler:
             command += ["--gpu", slot.gpu]
         if self.overlap is not None:
             command += ["--overlap", str(self.overlap)]
+        if self.judge_hosts:
+            command.append("--judge-hosts")
         log = open(os.path.join(self._log_dir, f"{slot.name}.log"), "ab")
         process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log)
         log.close()

@@ -61,14 +61,19 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--memory-cap-mb", type=int, default=None)
     parser.add_argument("--overlap", type=int, default=None,
                         help=f"evaluations running at once (default: {GPU_OVERLAP} on a GPU)")
+    parser.add_argument("--judge-hosts", action="store_true",
+                        help="judges that outlive their evaluations: one process started per evaluation, not two")
     args = parser.parse_args(argv)
     signal.signal(signal.SIGTERM, _terminated)  # before the fork server starts: it is closed on the way out
     out = os.fdopen(os.dup(1), "w")
     os.dup2(2, 1)  # anything printed by libraries goes to stderr, never into the protocol
-    supervisor = Supervisor(device=args.device, gpu=args.gpu, memory_cap_mb=args.memory_cap_mb, overlap=args.overlap)
+    supervisor = Supervisor(device=args.device, gpu=args.gpu, memory_cap_mb=args.memory_cap_mb, overlap=args.overlap,
+                            judge_hosts=args.judge_hosts)
     try:
         try:
             supervisor.server.ensure_running()  # before the first job, not in its time
+            if supervisor.hosts is not None:
+                supervisor.hosts.start(supervisor.overlap)
         except ForkServerDied as exc:  # each job tries again, and fails with the reason if it must
             print(f"drkernel worker: the fork server did not start: {exc}", file=sys.stderr, flush=True)
         out.write(json.dumps({"ready": os.getpid()}) + "\n")
