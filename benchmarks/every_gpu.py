@@ -16,7 +16,8 @@ distinct) and then the level-1 set. Efficiency is rate(n) / (n x rate(1)). What 
   legitimate), and every evaluation that ended in the harness's own failure, with its problem, status and cause;
   `unexpected_verdicts`: the other candidates judged otherwise than their variant says. Both are printed as found.
 
-DIR/every_gpu.json holds every number and each evaluation's summary (`gpu_bench.summary`).
+`--judge-hosts`: judges that outlive their evaluations (drkernel.sandbox.judge_host), one process started per
+evaluation instead of two. DIR/every_gpu.json holds every number and each evaluation's summary (`gpu_bench.summary`).
 """
 
 from __future__ import annotations
@@ -98,16 +99,17 @@ def compared(first: dict[str, dict], rows: dict[str, dict]) -> dict[str, Any]:
 
 
 def measure(counts: list[int], batches: dict[str, list[tuple[str, EvalRequest]]], overlap: int | None,
-            out_file: Path, device: str = "cuda") -> dict[str, Any]:
+            out_file: Path, device: str = "cuda", judge_hosts: bool = False) -> dict[str, Any]:
     """Each batch through a fresh scheduler of each count of workers; rates, efficiency, comparisons, failures.
     Written to `out_file` after each run, so that a run cut short keeps what it measured."""
-    out: dict[str, Any] = {"counts": counts, "batches": {}}
+    out: dict[str, Any] = {"counts": counts, "judge_hosts": judge_hosts, "batches": {}}
     for label, pairs in batches.items():
         if not pairs:
             continue
         runs: dict[int, dict] = {}
         for n in counts:
-            run = gpu_bench.run_batch(pairs, f"every-gpu-{label}-{n}", overlap=overlap, device=device, workers=n)
+            run = gpu_bench.run_batch(pairs, f"every-gpu-{label}-{n}", overlap=overlap, device=device, workers=n,
+                                      judge_hosts=judge_hosts)
             slots = n * (overlap or (GPU_OVERLAP if device == "cuda" else 1))
             run["underfull_share"] = underfull_share(run["problems"], slots)
             run["harness_failures"], run["unexpected_verdicts"] = misjudged(run["problems"])
@@ -140,6 +142,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--overlap", type=int, default=None, help="evaluations at once per GPU")
     parser.add_argument("--device", default="cuda", choices=("cuda", "cpu"), help="cpu: the script's own check")
     parser.add_argument("--synthetic-scale", type=float, default=1.0)
+    parser.add_argument("--judge-hosts", action="store_true", help="judges that outlive their evaluations")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
     try:
@@ -158,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
               for name, request in gpu_bench.kernelbench_pairs(args.kernelbench)[: args.level1]] if args.level1 else []
     args.out.mkdir(parents=True, exist_ok=True)
     measure(counts, {"rl": distinct_batch(tasks, options, args.rl_samples), "level1": level1}, args.overlap,
-            args.out / "every_gpu.json", args.device)
+            args.out / "every_gpu.json", args.device, args.judge_hosts)
     return 0
 
 

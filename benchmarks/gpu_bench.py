@@ -140,7 +140,7 @@ def section_kernelbench(args: argparse.Namespace) -> dict:
 
 
 def run_batch(pairs: list[tuple[str, EvalRequest]], tag: str, overlap: int | None, device: str = "cuda",
-              workers: int | None = None) -> dict:
+              workers: int | None = None, judge_hosts: bool = False) -> dict:
     """The problems through a fresh scheduler with a cold Triton cache: rate, overheads, per-phase medians. Two
     rates: `per_minute` from the scheduler's construction to its close (its start-up included), and
     `per_minute_running` from the submission, once its worker is up, to the last result (what a long-lived
@@ -149,7 +149,7 @@ def run_batch(pairs: list[tuple[str, EvalRequest]], tag: str, overlap: int | Non
     fresh_triton_cache(tag)
     start = time.monotonic()
     finished: dict[int, float] = {}
-    with Scheduler(device=device, workers=workers, overlap=overlap) as scheduler:
+    with Scheduler(device=device, workers=workers, overlap=overlap, judge_hosts=judge_hosts) as scheduler:
         ready = scheduler.wait_ready(timeout=300)
         submitted = time.monotonic()
         futures = {scheduler.submit(request): index for index, (_, request) in enumerate(pairs)}

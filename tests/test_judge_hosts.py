@@ -90,6 +90,21 @@ def test_a_candidate_that_kills_the_process_forking_subjects_is_refused(supervis
     assert result.status == Status.CORRECT.value
 
 
+def test_judge_hosts_at_once_share_the_devices_gate() -> None:
+    """Two hosts judging at once hold the GPU's gate as one-evaluation judges do (opened before the judge gives up
+    its uid: the lock files are the supervisor's), each evaluation with its own account of it."""
+    from drkernel.runner.supervisor import DeviceQueue
+
+    two = Supervisor(device="cpu", judge_hosts=True, overlap=2)
+    try:
+        queue = DeviceQueue(two)
+        results = [f.result() for f in [queue.submit(EvalRequest(TASK, RELU, OPTIONS)) for _ in range(4)]]
+    finally:
+        two.close()
+    assert [r.status for r in results] == ["correct"] * 4, [r.error for r in results]
+    assert all(r.phases_s["gate_alone"] > 0 for r in results)  # each timed alone, and each its own account
+
+
 def test_a_scheduler_with_judge_hosts_gives_every_verdict() -> None:
     names = ["2_relu__triton", "2_relu__wrong", "2_relu__pytorch_only", "2_relu__triton"]
     requests = [EvalRequest(TASK, (CANDIDATES / f"{n}.py").read_text(), OPTIONS) for n in names]

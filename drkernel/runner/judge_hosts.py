@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Any
 
 from drkernel.runner.forkserver import READY_TIMEOUT_S, ForkServer, ForkServerDied, JobHandle
-from drkernel.sandbox.gate import GATE_FILE
 from drkernel.sandbox.judge_host import JOB_FILE
 from drkernel.schema import EvalRequest
 
@@ -34,14 +33,12 @@ class JudgeHost:
     def alive(self) -> bool:
         return not self.handle.finished.is_set()
 
-    def hand_over(self, request: EvalRequest, memory_limit_mb: int, gate: Path | None) -> tuple[JobHandle, Path]:
+    def hand_over(self, request: EvalRequest, memory_limit_mb: int) -> tuple[JobHandle, Path]:
         """Give the host `request` to judge; the evaluation's handle (its pid: the host's) and working directory."""
         if not self.handle.host_ready.wait(READY_TIMEOUT_S) or not self.alive:
             raise ForkServerDied("the judge host did not start")
         workdir = Path(tempfile.mkdtemp(prefix="job-", dir=self.home))
         (workdir / "request.json").write_text(json.dumps(request.to_dict()))
-        if gate is not None:
-            (workdir / GATE_FILE).write_text(str(gate))
         if os.geteuid() == 0 and self.handle.uid not in (None, 0):  # the host judges as an unprivileged uid
             for path in (workdir, *workdir.iterdir()):
                 os.chown(path, self.handle.uid, self.handle.uid)

@@ -99,7 +99,7 @@ class Supervisor:
         self.server = ForkServer(env=interpret, bytecode_cache=self.bytecode_cache)
         self.hosts = JudgeHosts(self.server, self.root, {
             "device": device, "gpu": gpu, "memory_limit_mb": self.memory_cap_mb, "triton_cache": str(self.triton_cache),
-            "gate_named": self.overlap > 1}, self.overlap) if judge_hosts else None
+            "gate": str(self.gate) if self.overlap > 1 else None}, self.overlap) if judge_hosts else None
 
     # One evaluation -------------------------------------------------------------------------------------------
 
@@ -151,8 +151,8 @@ class Supervisor:
         host = self.hosts.take()
         try:
             try:
-                prepared.handle, prepared.workdir = host.hand_over(
-                    prepared.request, self.memory_limit_mb(prepared.request), self.gate if self.overlap > 1 else None)
+                prepared.handle, prepared.workdir = host.hand_over(prepared.request,
+                                                                   self.memory_limit_mb(prepared.request))
             except (ForkServerDied, OSError) as exc:
                 return EvalResult.failed(Status.CRASHED, ErrorKind.SANDBOX_ERROR,
                                          f"could not start the evaluation: {exc}")

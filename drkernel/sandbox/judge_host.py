@@ -202,7 +202,8 @@ def host_main(job: dict[str, Any], parent_pid: int, inherited_fds: list[int], re
     home = Path(job["workdir"])
     set_up: EvalResult | None = None
     forker: Forker | None = None
-    device, networked, confinement = torch.device("cpu"), False, {}
+    device, networked, confinement, gate = torch.device("cpu"), False, {}, None
+    current = {"job": ""}  # the evaluation the GPU's gate reports a wait for
     try:
         device, networked = processes.set_up_judge(job, parent_pid, inherited_fds, private_proc)
         cpu = device.type == "cpu"
@@ -210,11 +211,14 @@ def host_main(job: dict[str, Any], parent_pid: int, inherited_fds: list[int], re
         forker = start_forker(job, device, private_proc)
         ctypes.CDLL(None).prctl(processes.PR_SET_DUMPABLE, 0, 0, 0, 0)
         processes.prepare_process(device, profiles=False)
+        if job.get("gate"):  # opened before the judge gives up its uid: the lock files are the supervisor's
+            gate = DeviceGate(job["gate"], lambda waiting: channel.report(
+                report_fd, {"job": current["job"], "waiting": waiting}))
         confinement = processes.judge_confinement(job, str(home), private_proc)
     except BaseException as exc:
         set_up = processes.set_up_failure(exc)
     channel.report(report_fd, {"uid": os.geteuid()})
-    gate_named = bool(job.get("gate_named"))
+    gate_named = gate is not None
     ahead: NextSubject | None = None
     while True:
         order = _next_job(home)
@@ -232,8 +236,9 @@ def host_main(job: dict[str, Any], parent_pid: int, inherited_fds: list[int], re
                     ahead.discard()
                 ahead = NextSubject(forker, home, limit, gate_named)
             subject, ahead = ahead, None
-            gate = DeviceGate.for_workdir(workdir, lambda waiting: channel.report(
-                report_fd, {"job": job_id, "waiting": waiting}))
+            current["job"] = job_id
+            if gate is not None:  # what the gate cost is each evaluation's own
+                gate.spent = dict.fromkeys(gate.spent, 0.0)
             link = SubjectLink(channel.Channel(subject.judge_end), subject.process, subject.scratch, device, gate)
             result = processes.judged(workdir, device, gate, link, confinement, networked)
         except BaseException as exc:
