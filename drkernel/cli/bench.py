@@ -30,7 +30,7 @@ BENCH_EVAL_OPTIONS = ("device", "timeout_s", "correctness_trials", "perf_trials"
 
 
 @config_options(Fields(BenchConfig, BENCH_FIELDS), Fields(EvalOptions, BENCH_EVAL_OPTIONS, "evaluation"),
-                Fields(EngineConfig, ("name", "workers", "result_cache"), "engine"))
+                Fields(EngineConfig, ("name", "workers", "result_cache", "judge_hosts"), "engine"))
 def bench_command(
     settings: dict[str, Any],
     out: Path = typer.Option(..., "--out", help="Run directory: trajectories.jsonl, config.json, summary.json."),

@@ -22,7 +22,8 @@ EVAL_OPTIONS = ("device", "timeout_s", "correctness_trials", "perf_trials", "ref
                 "precision", "measure_performance", "seed")
 
 
-@config_options(Fields(EvalOptions, EVAL_OPTIONS, "evaluation"), Fields(EngineConfig, ("name", "workers"), "engine"))
+@config_options(Fields(EvalOptions, EVAL_OPTIONS, "evaluation"),
+                Fields(EngineConfig, ("name", "workers", "judge_hosts"), "engine"))
 def eval_command(
     settings: dict[str, Any],
     reference: Optional[Path] = typer.Option(None, "--reference", "-r", help="Reference task (.py, KernelBench format)."),

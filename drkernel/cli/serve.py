@@ -22,7 +22,8 @@ from drkernel.schema import EvalOptions
 DEFAULT_STORE = Path.home() / ".cache" / "drkernel" / "service.db"
 
 
-@config_options(Fields(EvalOptions, ("device",), "evaluation"), Fields(EngineConfig, ("name", "workers"), "engine"))
+@config_options(Fields(EvalOptions, ("device",), "evaluation"),
+                Fields(EngineConfig, ("name", "workers", "judge_hosts"), "engine"))
 def serve_command(
     settings: dict[str, Any],
     host: str = typer.Option("127.0.0.1", "--host", help="Address to bind; non-loopback needs a token."),

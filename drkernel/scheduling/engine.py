@@ -43,6 +43,10 @@ class EngineConfig:
     result_cache: int = field(default=DEFAULT_ENTRIES, metadata={
         "help": "Verdicts of identical answers the embedded engine keeps; 0: off.", "min": 0,
     })
+    judge_hosts: bool = field(default=False, metadata={
+        "help": "Embedded engine: judges that outlive their evaluations, one per evaluation slot, so an evaluation "
+                "starts one process (its subject) instead of two; not yet measured on a GPU.",
+    })
     token_env: str = field(default="DRKERNEL_TOKEN", metadata={
         "help": "The environment variable holding the service's bearer token.",
     })
@@ -106,4 +110,5 @@ def open_backend(engine: EngineConfig, device: str, cache: bool = True) -> Backe
         return RayBackend(address=engine.ray_address, device=device)
     from drkernel.scheduling.scheduler import Scheduler
 
-    return Scheduler(device=device, workers=engine.workers, cache_entries=engine.result_cache if cache else 0)
+    return Scheduler(device=device, workers=engine.workers, cache_entries=engine.result_cache if cache else 0,
+                     judge_hosts=engine.judge_hosts)
