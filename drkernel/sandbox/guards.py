@@ -136,6 +136,7 @@ class StateGuard:
         self._classes = {cls: dict(vars(cls)) for cls in _watched_classes(own_classes)}
         self._harness = {module: _contents(module) for module in harness_modules}
         self._flags = _flags()
+        audit.pin_methods(self)  # as its class is now: a method swapped on the class later does not reach it
 
     def check(self, findings: Findings, _add: Any = Findings.add) -> None:
         """`_add` is bound now: a patched Findings.add cannot silence this report."""
@@ -266,6 +267,7 @@ class ThreadOrigins:
         self.started = 0  # threads the candidate started, finished ones included
         threading.Thread.start = audit.sealed(  # type: ignore[method-assign]
             _start, (threading.Thread.start, self, candidate_file, audit.called_from, sys._getframe), "start")
+        audit.pin_methods(self)  # as its class is now: a method swapped on the class later does not reach it
 
     def alive(self) -> list[str]:
         return sorted(t.name for t in list(self.threads) if t.is_alive())

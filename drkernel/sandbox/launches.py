@@ -43,6 +43,7 @@ class LaunchRecorder:
         self.after_launch: AfterLaunchHook | None = None
         self._lock = threading.Lock()
         self._installed = False
+        audit.pin_methods(self)  # as its class is now: a method swapped on the class later does not reach it
 
     def install(self) -> None:
         if self._installed:

@@ -72,6 +72,7 @@ class CandidateThread:
     def __init__(self, conn: Channel, handle: Handler) -> None:
         self.conn, self.handle = conn, handle
         self.filtered = ""  # why the candidate's thread is not filtered ("" when it is)
+        audit.pin_methods(self)  # as its class is now: a method swapped on the class later does not reach it
 
     def serve(self) -> None:
         """The harness's thread: receive a request, relay the handler's messages, until `finish` is answered."""

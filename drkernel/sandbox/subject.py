@@ -75,6 +75,7 @@ class Subject:
         self.gate_hooks = gate_hooks
         self.mapping_s = 0.0  # this request's time spent mapping the judge's inputs
         self.last_mapped: Any = None  # the judge's values mapped last (see `_mapped`)
+        audit.pin_methods(self)  # as its class is now: a method swapped on the class later does not reach it
 
     # -- the loop ----------------------------------------------------------------------------------------------
 

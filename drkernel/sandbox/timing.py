@@ -25,7 +25,7 @@ from typing import Any, Callable, Iterator
 import numpy as np
 import torch
 
-from drkernel.sandbox import correctness
+from drkernel.sandbox import audit, correctness
 from drkernel.schema import TimingStats
 
 L2_FLUSH_BYTES = 256 * 1024 * 1024  # several times the L2 of any current GPU (H100: 50 MB, H200: 60 MB)
@@ -89,6 +89,7 @@ class Placements:
 
     def __init__(self, active: bool) -> None:
         self.held: collections.deque[Any] | None = collections.deque(maxlen=PLACEMENTS - 1) if active else None
+        audit.pin_methods(self)  # as its class is now: a method swapped on the class later does not reach it
 
     @classmethod
     def for_call(cls, device: torch.device, values: Any) -> Placements:
@@ -171,6 +172,7 @@ class CallTimer:
             self._l2 = PersistingL2(self.stream)
             self._cycles_per_ms = self._spin_rate()
             self._calibrate_idle_wait()
+        audit.pin_methods(self)  # as its class is now: a method swapped on the class later does not reach it
 
     def _spin_rate(self) -> float:
         """Device clock cycles per millisecond of `torch.cuda._sleep`, measured (the clock varies by GPU)."""
