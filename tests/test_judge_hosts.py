@@ -74,9 +74,12 @@ def test_a_crashed_subject_ends_its_evaluation_not_its_host(supervisor: Supervis
 
 def test_a_timeout_ends_the_host_and_the_next_evaluation_gets_a_new_one(supervisor: Supervisor) -> None:
     _, before = judged(supervisor, RELU)
+    assert supervisor.hosts is not None
+    (home,) = [host.home for host in supervisor.hosts._free]  # one evaluation at a time on the CPU: one host
     looping = EvalOptions(device="cpu", perf_trials=3, warmup_trials=1, timeout_s=8)
     result, host = judged(supervisor, forward("while True:\n    pass"), looping)
     assert result.status == Status.TIMEOUT.value and host == before
+    assert not home.exists()  # the ended host's folder went with it
     result, after = judged(supervisor, RELU)
     assert result.status == Status.CORRECT.value and after != host
 

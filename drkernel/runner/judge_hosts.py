@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import tempfile
 import threading
 import uuid
@@ -84,7 +85,16 @@ class JudgeHosts:
         with self._lock:
             if host.alive:
                 self._free.append(host)
+            else:  # ended: its folder holds nothing more (the output of a judge that ended is in no verdict)
+                shutil.rmtree(host.home, ignore_errors=True)
         self._slots.release()
+
+    def close(self) -> None:
+        """Remove the folders of the hosts (their processes end with the fork server)."""
+        with self._lock:
+            hosts, self._free = self._free, []
+        for host in hosts:
+            shutil.rmtree(host.home, ignore_errors=True)
 
     def start(self, count: int) -> None:
         """Start `count` hosts ahead, so that the first evaluations do not wait for them."""

@@ -249,6 +249,8 @@ class Supervisor:
 
     def close(self) -> None:
         self.server.close()
+        if self.hosts is not None:
+            self.hosts.close()
 
 
 class DeviceQueue:
