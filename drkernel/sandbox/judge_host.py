@@ -86,8 +86,8 @@ class Forker:
 class ForkedSubject:
     """A subject the forker forked (drkernel.sandbox.subject_link.SubjectProcess): ended and reaped through it."""
 
-    def __init__(self, forker: Forker, pid: int, limit_mb: int | None) -> None:
-        self.forker, self.pid, self.limit_mb = forker, pid, limit_mb
+    def __init__(self, forker: Forker, pid: int) -> None:
+        self.forker, self.pid = forker, pid
         self.reaped: int | None = None
         self.known = False  # reaped (its status, possibly None, is final)
 
@@ -184,7 +184,7 @@ class NextSubject:
         judge_end, subject_end = channel.pair()
         spec = {"scratch": str(self.scratch), "memory_limit_mb": limit_mb, "gate_named": gate_named}
         try:
-            self.process = ForkedSubject(forker, forker.spawn(spec, subject_end), limit_mb)
+            self.process = ForkedSubject(forker, forker.spawn(spec, subject_end))
         finally:
             subject_end.close()
         self.judge_end = judge_end
@@ -228,6 +228,10 @@ def host_main(job: dict[str, Any], parent_pid: int, inherited_fds: list[int], re
             processes.report_result(report_fd, set_up, job_id)
             continue
         assert forker is not None
+        if not forker.alive():  # ended between evaluations, by no candidate: the harness's failure, run again
+            processes.report_result(report_fd, EvalResult.failed(
+                Status.CRASHED, ErrorKind.SANDBOX_ERROR, "the process that starts the judge's subjects ended"), job_id)
+            os._exit(0)
         limit = order["memory_limit_mb"] if device.type == "cpu" else None
         subject: NextSubject | None = None
         try:
