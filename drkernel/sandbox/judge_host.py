@@ -21,7 +21,6 @@ import ctypes
 import json
 import os
 import shutil
-import signal
 import socket
 import time
 from pathlib import Path
@@ -31,7 +30,7 @@ import torch
 
 from drkernel.sandbox import channel, isolate, processes
 from drkernel.sandbox.gate import DeviceGate
-from drkernel.sandbox.subject_link import STOP_WAIT_S, SubjectLink
+from drkernel.sandbox.subject_link import SubjectLink, kill_and_reap
 from drkernel.schema import ErrorKind, EvalResult, HackReason, Status
 
 JOB_FILE = "job.json"
@@ -136,7 +135,7 @@ def _forker_main(sock: socket.socket, job: dict[str, Any], device: torch.device,
                     os.close(fd)
                 sock.send(json.dumps({"pid": pid}).encode())
             else:
-                sock.send(json.dumps({"status": _end(int(command["pid"]), bool(command["wait"]))}).encode())
+                sock.send(json.dumps({"status": kill_and_reap(int(command["pid"]), bool(command["wait"]))}).encode())
     except BaseException:  # the judge is gone, or spoke nonsense: nothing left to serve
         pass
     os._exit(0)
@@ -151,26 +150,6 @@ def _subject(command: dict[str, Any], fd: int, job: dict[str, Any], device: torc
         os._exit(3)
     processes.subject_main(job, Path(command["scratch"]), socket.socket(fileno=fd), device, forker_pid,
                            private_proc, bool(command["gate_named"]))
-
-
-def _end(pid: int, wait: bool) -> int | None:
-    try:
-        os.kill(pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    if not wait:
-        return None
-    deadline = time.monotonic() + STOP_WAIT_S
-    while True:
-        try:
-            done, status = os.waitpid(pid, os.WNOHANG)
-        except ChildProcessError:
-            return None
-        if done:
-            return status
-        if time.monotonic() > deadline:
-            return None
-        time.sleep(0.005)
 
 
 class NextSubject:

@@ -60,6 +60,28 @@ class SharedCopies:
         self.pool = None
 
 
+def kill_and_reap(pid: int, wait: bool) -> int | None:
+    """SIGKILL the caller's child `pid` and, with `wait`, reap it: its wait status, None if not known within
+    STOP_WAIT_S (or not waited for)."""
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    if not wait:
+        return None
+    deadline = time.monotonic() + STOP_WAIT_S
+    while True:
+        try:
+            done, status = os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:
+            return None
+        if done:
+            return status
+        if time.monotonic() > deadline:
+            return None
+        time.sleep(0.005)
+
+
 class ChildSubject:
     """The subject as the judge's own child process, which the judge signals and reaps itself."""
 
@@ -72,26 +94,9 @@ class ChildSubject:
         Landlock scopes signals, the judge cannot signal the subject's domain: the subject then ends with the judge
         (its parent-death signal, the PID namespace, the supervisor's kill of the process group). Once reaped, it is
         not signalled again (its PID may be another's by then)."""
-        if self.reaped is not None:
-            return self.reaped
-        try:
-            os.kill(self.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-        if not wait:
-            return None
-        deadline = time.monotonic() + STOP_WAIT_S
-        while True:
-            try:
-                pid, status = os.waitpid(self.pid, os.WNOHANG)
-            except ChildProcessError:
-                return None
-            if pid:
-                self.reaped = status
-                return status
-            if time.monotonic() > deadline:
-                return None
-            time.sleep(0.005)
+        if self.reaped is None:
+            self.reaped = kill_and_reap(self.pid, wait)
+        return self.reaped
 
 
 class SubjectProcess(Protocol):
