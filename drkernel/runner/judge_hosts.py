@@ -40,9 +40,10 @@ class JudgeHost:
             raise ForkServerDied("the judge host did not start")
         workdir = Path(tempfile.mkdtemp(prefix="job-", dir=self.home))
         (workdir / "request.json").write_text(json.dumps(request.to_dict()))
-        if os.geteuid() == 0 and self.handle.uid not in (None, 0):  # the host judges as an unprivileged uid
+        owner = self.handle.uid if os.geteuid() == 0 and self.handle.uid not in (None, 0) else None
+        if owner is not None:  # the host judges as an unprivileged uid
             for path in (workdir, *workdir.iterdir()):
-                os.chown(path, self.handle.uid, self.handle.uid)
+                os.chown(path, owner, owner)
         evaluation = JobHandle(id=uuid.uuid4().hex, pid=self.handle.pid, server=self.handle.server)
         evaluation.spawned.set()
         self.handle.evaluations[evaluation.id] = evaluation
@@ -52,8 +53,8 @@ class JudgeHost:
         order = self.home / f"{JOB_FILE}.tmp"
         order.write_text(json.dumps({"id": evaluation.id, "workdir": str(workdir),
                                      "memory_limit_mb": memory_limit_mb}))
-        if os.geteuid() == 0 and self.handle.uid not in (None, 0):
-            os.chown(order, self.handle.uid, self.handle.uid)
+        if owner is not None:
+            os.chown(order, owner, owner)
         order.rename(self.home / JOB_FILE)
         return evaluation, workdir
 

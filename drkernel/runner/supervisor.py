@@ -55,7 +55,6 @@ class Prepared:
     workdir: Path | None  # None until a judge host takes it
     refused: EvalResult | None = None  # the result, when the process could not even be started
     started_at: float | None = None
-    on_host: bool = False  # judged by a judge host (drkernel.runner.judge_hosts), not a process of its own
 
 
 class Supervisor:
@@ -110,7 +109,7 @@ class Supervisor:
     def prepare(self, request: EvalRequest) -> Prepared:
         refused = memory_floor_refusal(self.device, request.options.memory_limit_mb, self.memory_cap_mb)
         if self.hosts is not None:  # its working directory is made in the host's folder, once a host takes it
-            return Prepared(request, None, None, refused, on_host=True)
+            return Prepared(request, None, None, refused)
         workdir = Path(tempfile.mkdtemp(prefix="job-", dir=self.root))
         if refused is not None:
             return Prepared(request, None, workdir, refused)
@@ -139,7 +138,7 @@ class Supervisor:
         return min(request.options.memory_limit_mb, self.memory_cap_mb)
 
     def finish(self, prepared: Prepared) -> EvalResult:
-        if prepared.on_host and prepared.refused is None:
+        if self.hosts is not None and prepared.refused is None:
             return self._finish_on_host(prepared)
         self.start(prepared)
         return self.collect(prepared)
@@ -157,9 +156,15 @@ class Supervisor:
                 return EvalResult.failed(Status.CRASHED, ErrorKind.SANDBOX_ERROR,
                                          f"could not start the evaluation: {exc}")
             prepared.started_at = time.monotonic()
-            return self.collect(prepared)
+            try:
+                return self._wait(prepared)
+            except _NeverStarted:
+                pass
         finally:
-            self.hosts.give_back(host)
+            self.hosts.give_back(host)  # before any retry: it would wait for this slot
+            if prepared.workdir is not None:
+                shutil.rmtree(prepared.workdir, ignore_errors=True)
+        return self.finish(self.prepare(prepared.request))  # none of its code ran (see `collect`): afresh
 
     def start(self, prepared: Prepared) -> None:
         """Let a prepared evaluation run; its deadline counts from here."""
@@ -180,7 +185,7 @@ class Supervisor:
             # none of this request's code has run, so it runs afresh.
             return self.finish(self.prepare(prepared.request))
         finally:
-            if prepared.workdir is not None:
+            if prepared.workdir is not None:  # a judge host's refused evaluation has none
                 shutil.rmtree(prepared.workdir, ignore_errors=True)
 
     def _wait(self, prepared: Prepared) -> EvalResult:
@@ -206,7 +211,7 @@ class Supervisor:
             handle.finished.wait(KILL_GRACE_S)
             break
         # A subject the judge could not signal (Landlock's scopes) ends with its group; a judge host's ends it itself.
-        if outcome == "done" and not prepared.on_host:
+        if outcome == "done" and self.hosts is None:
             try:
                 os.killpg(handle.pid, signal.SIGKILL)
             except OSError:

@@ -228,14 +228,15 @@ def host_main(job: dict[str, Any], parent_pid: int, inherited_fds: list[int], re
             result = processes.set_up_failure(exc)
         if subject is not None:
             subject.discard()  # never beside the next evaluation
-        if not forker.alive():  # only a subject could have ended it: this candidate's doing
+        forker_ended = not forker.alive()
+        if forker_ended:  # only a subject could have ended it: this candidate's doing
             result = EvalResult.failed(Status.CRASHED, ErrorKind.KILLED_HARNESS,
                                        "the process that starts the judge's subjects was killed during the evaluation")
             result.hack_reasons = [HackReason.KILLED_HARNESS.value]
             result.hack_details = {HackReason.KILLED_HARNESS.value: "the candidate killed a process of the harness."}
         _forget_evaluation(device)
         processes.report_result(report_fd, result, job_id)
-        if not forker.alive():
+        if forker_ended:
             os._exit(0)  # the supervisor starts another host for the next evaluation
         try:
             ahead = NextSubject(forker, home, limit, gate_named)
