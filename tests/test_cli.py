@@ -98,6 +98,10 @@ def test_one_parser_names_every_engine():
     assert legacy_engine_name(service="http://h:1") == "http://h:1" and legacy_engine_name() is None
     with pytest.raises(UsageError):
         EngineConfig(workers=0)
+    assert EngineConfig(judge_hosts=True).judge_hosts  # judges that outlive their evaluations: embedded only
+    for elsewhere in ("ray:auto", "http://evalhost:8000"):
+        with pytest.raises(UsageError, match="judge_hosts applies to the embedded engine only"):
+            EngineConfig(elsewhere, judge_hosts=True)
 
 
 def _seen_by_run_batch(monkeypatch, *args: str):

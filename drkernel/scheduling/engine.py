@@ -57,6 +57,8 @@ class EngineConfig:
             raise UsageError(f"workers must be at least 1, not {self.workers}")
         if self.result_cache < 0:
             raise UsageError(f"result_cache must be >= 0 (0 switches it off), not {self.result_cache}")
+        if self.judge_hosts and self.kind != "embedded":
+            raise UsageError(f"judge_hosts applies to the embedded engine only, not to {self.name}")
 
     @property
     def kind(self) -> str:
