@@ -16,6 +16,10 @@ distinct) and then the level-1 set. Efficiency is rate(n) / (n x rate(1)). What 
   legitimate), and every evaluation that ended in the harness's own failure, with its problem, status and cause;
   `unexpected_verdicts`: the other candidates judged otherwise than their variant says. Both are printed as found.
 
+`--legit N`: N distinct legitimate candidates more (the graded fused, unfused and partial solutions of train and test
+tasks, told apart by a comment), judged on the largest count of GPUs only, in batches of `--legit-batch` through a
+fresh scheduler each: every one must be judged correct, and `harness_failures` names any that is not.
+
 `--judge-hosts`: judges that outlive their evaluations (drkernel.sandbox.judge_host), one process started per
 evaluation instead of two. DIR/every_gpu.json holds every number and each evaluation's summary (`gpu_bench.summary`).
 """
@@ -48,6 +52,26 @@ HARNESS_KINDS = {ErrorKind.SANDBOX_ERROR.value, ErrorKind.CORRUPT_RESULT.value, 
 def distinct_batch(tasks: list, options: EvalOptions, samples: int) -> list[tuple[str, EvalRequest]]:
     """An RL step's samples, every one a distinct answer (what the result cache cannot answer)."""
     return gpu_bench.rl_shaped(tasks, options, samples, identical=1)
+
+
+def legitimate_batch(count: int, options: EvalOptions, scale: float) -> list[tuple[str, EvalRequest]]:
+    """`count` distinct legitimate candidates: each task's fused, unfused and partial solutions in turn, over as
+    many train and test tasks as it takes, a round past the first told apart by a comment."""
+    from drkernel.tasks.synthetic import generate
+    from drkernel.tasks.synthetic_solutions import solutions
+
+    if count <= 0:
+        return []
+    tasks = generate("train", 48, seed=1, shape_scale=scale) + generate("test", 16, seed=1, shape_scale=scale)
+    legit = [(task, variant, code) for task in tasks for variant, code in solutions(task).items()
+             if expected_status(f":{variant}") == Status.CORRECT]
+    batch = []
+    for index in range(count):
+        task, variant, code = legit[index % len(legit)]
+        round_ = index // len(legit)
+        batch.append((f"{task.name}/{round_}:{variant}", EvalRequest(
+            task.task().code, f"# round {round_}\n{code}" if round_ else code, options, task_name=task.name)))
+    return batch
 
 
 def expected_status(name: str) -> Status:
@@ -142,6 +166,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--overlap", type=int, default=None, help="evaluations at once per GPU")
     parser.add_argument("--device", default="cuda", choices=("cuda", "cpu"), help="cpu: the script's own check")
     parser.add_argument("--synthetic-scale", type=float, default=1.0)
+    parser.add_argument("--legit", type=int, default=0,
+                        help="distinct legitimate candidates more, on the largest count of GPUs")
+    parser.add_argument("--legit-batch", type=int, default=250, help="of --legit, how many a scheduler judges")
     parser.add_argument("--judge-hosts", action="store_true", help="judges that outlive their evaluations")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
@@ -159,9 +186,23 @@ def main(argv: list[str] | None = None) -> int:
     tasks = generate("test", args.synthetic_n, seed=0, shape_scale=args.synthetic_scale) if args.synthetic_n else []
     level1 = [(name, dataclasses.replace(request, options=options))
               for name, request in gpu_bench.kernelbench_pairs(args.kernelbench)[: args.level1]] if args.level1 else []
+    if args.legit_batch < 1:
+        parser.error("--legit-batch needs at least 1")
     args.out.mkdir(parents=True, exist_ok=True)
-    measure(counts, {"rl": distinct_batch(tasks, options, args.rl_samples), "level1": level1}, args.overlap,
-            args.out / "every_gpu.json", args.device, args.judge_hosts)
+    measured = measure(counts, {"rl": distinct_batch(tasks, options, args.rl_samples), "level1": level1},
+                       args.overlap, args.out / "every_gpu.json", args.device, args.judge_hosts)
+    legit = legitimate_batch(args.legit, options, args.synthetic_scale)
+    for start in range(0, len(legit), args.legit_batch):
+        label = f"legit{start // args.legit_batch + 1}"
+        chunk = measure([max(counts)], {label: legit[start:start + args.legit_batch]}, args.overlap,
+                        args.out / f"{label}.json", args.device, args.judge_hosts)
+        measured["batches"][label] = chunk["batches"][label]
+    if legit:
+        failures = [entry for label, runs in measured["batches"].items() if label.startswith("legit")
+                    for run in runs.values() for entry in run["harness_failures"]]
+        measured["legit"] = {"evaluations": len(legit), "gpus": max(counts), "harness_failures": len(failures)}
+        print(f"legitimate: {len(legit)} on {max(counts)} GPU(s), {len(failures)} harness failures", flush=True)
+        (args.out / "every_gpu.json").write_text(json.dumps(measured, indent=1))
     return 0
 
 

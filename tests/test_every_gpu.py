@@ -64,3 +64,25 @@ def test_bad_counts_are_refused(every_gpu, tmp_path) -> None:
     with pytest.raises(SystemExit):
         every_gpu.main(["--gpus", "1", "--level1", "2", "--kernelbench", str(tmp_path / "none.jsonl"),
                         "--out", str(tmp_path)])
+
+
+def test_the_legitimate_batch_is_distinct_and_only_legitimate(every_gpu) -> None:
+    from drkernel.schema import EvalOptions, Status
+
+    batch = every_gpu.legitimate_batch(400, EvalOptions(device="cpu"), 1 / 256)
+    assert len(batch) == 400 and len({name for name, _ in batch}) == 400
+    assert len({(request.task_name, request.candidate) for _, request in batch}) == 400
+    assert {every_gpu.expected_status(name) for name, _ in batch} == {Status.CORRECT}
+    assert {name.rpartition(":")[2] for name, _ in batch} == {"fused", "unfused", "partial"}
+    assert every_gpu.legitimate_batch(0, EvalOptions(device="cpu"), 1 / 256) == []
+
+
+def test_the_legitimate_batch_runs_in_chunks_and_counts_its_failures(every_gpu, tmp_path, capsys) -> None:
+    assert every_gpu.main(["--device", "cpu", "--gpus", "1", "--synthetic-n", "0", "--level1", "0",
+                           "--synthetic-scale", str(1 / 256), "--legit", "3", "--legit-batch", "2",
+                           "--out", str(tmp_path)]) == 0
+    data = json.loads((tmp_path / "every_gpu.json").read_text())
+    assert sorted(data["batches"]) == ["legit1", "legit2"]
+    assert [data["batches"][label]["1"]["evaluations"] for label in ("legit1", "legit2")] == [2, 1]
+    assert data["legit"] == {"evaluations": 3, "gpus": 1, "harness_failures": 0}
+    assert "legitimate: 3 on 1 GPU(s), 0 harness failures" in capsys.readouterr().out
