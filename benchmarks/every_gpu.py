@@ -192,17 +192,18 @@ def main(argv: list[str] | None = None) -> int:
     measured = measure(counts, {"rl": distinct_batch(tasks, options, args.rl_samples), "level1": level1},
                        args.overlap, args.out / "every_gpu.json", args.device, args.judge_hosts)
     legit = legitimate_batch(args.legit, options, args.synthetic_scale)
-    for start in range(0, len(legit), args.legit_batch):
+    failures: list[dict[str, Any]] = []
+    for start in range(0, len(legit), args.legit_batch):  # the file rewritten after each batch: a cut run keeps them
         label = f"legit{start // args.legit_batch + 1}"
         chunk = measure([max(counts)], {label: legit[start:start + args.legit_batch]}, args.overlap,
                         args.out / f"{label}.json", args.device, args.judge_hosts)
-        measured["batches"][label] = chunk["batches"][label]
-    if legit:
-        failures = [entry for label, runs in measured["batches"].items() if label.startswith("legit")
-                    for run in runs.values() for entry in run["harness_failures"]]
-        measured["legit"] = {"evaluations": len(legit), "gpus": max(counts), "harness_failures": len(failures)}
-        print(f"legitimate: {len(legit)} on {max(counts)} GPU(s), {len(failures)} harness failures", flush=True)
+        measured["batches"][label] = runs = chunk["batches"][label]
+        failures += [entry for run in runs.values() for entry in run["harness_failures"]]
+        measured["legit"] = {"evaluations": min(len(legit), start + args.legit_batch), "gpus": max(counts),
+                             "harness_failures": len(failures)}
         (args.out / "every_gpu.json").write_text(json.dumps(measured, indent=1))
+    if legit:
+        print(f"legitimate: {len(legit)} on {max(counts)} GPU(s), {len(failures)} harness failures", flush=True)
     return 0
 
 

@@ -126,3 +126,19 @@ def test_the_red_team_through_judge_hosts() -> None:
                           env={**os.environ, "DRKERNEL_TEST_JUDGE_HOSTS": "1"}, timeout=900)
     tail = (proc.stdout + proc.stderr)[-4000:]
     assert proc.returncode == 0 and " passed" in tail and " failed" not in tail, tail
+
+
+def test_a_hosts_folder_is_searchable_so_that_its_subjects_take_the_judges_uid() -> None:
+    """Started as root where the installation is readable by all, the judge drops to an unprivileged uid and makes
+    each subject's folder as that uid; the subject, forked by a process that kept root's, drops to the same uid only
+    if every folder above its own is searchable, and would otherwise keep root's uid without the capabilities to
+    write to its folder (every evaluation a `runtime_error`)."""
+    made = Supervisor(device="cpu", judge_hosts=True)
+    try:
+        before = set(made.root.glob("judge-*"))
+        result, _ = judged(made, RELU)
+        homes = set(made.root.glob("judge-*")) - before
+        assert result.status == Status.CORRECT
+        assert homes and all(path.stat().st_mode & 0o777 == 0o711 for path in homes)
+    finally:
+        made.close()

@@ -18,6 +18,7 @@ own, torch's imported state).
 from __future__ import annotations
 
 import ctypes
+import gc
 import json
 import os
 import shutil
@@ -194,6 +195,10 @@ def host_main(job: dict[str, Any], parent_pid: int, inherited_fds: list[int], re
             gate = DeviceGate(job["gate"], lambda waiting: channel.report(
                 report_fd, {"job": current["job"], "waiting": waiting}))
         confinement = processes.judge_confinement(job, str(home), private_proc)
+        # searchable by others, as an evaluation's own folder is: a subject started as root takes the judge's
+        # unprivileged uid only if every folder above its own is, and would otherwise keep root's without the
+        # capabilities to write to the folder the judge made for it
+        os.chmod(home, 0o711)
     except BaseException as exc:
         set_up = processes.set_up_failure(exc)
     channel.report(report_fd, {"uid": os.geteuid()})
@@ -212,36 +217,48 @@ def host_main(job: dict[str, Any], parent_pid: int, inherited_fds: list[int], re
                 Status.CRASHED, ErrorKind.SANDBOX_ERROR, "the process that starts the judge's subjects ended"), job_id)
             os._exit(0)
         limit = order["memory_limit_mb"] if device.type == "cpu" else None
-        subject: NextSubject | None = None
-        try:
-            if ahead is None or ahead.limit_mb != limit:
-                if ahead is not None:
-                    ahead.discard()
-                ahead = NextSubject(forker, home, limit, gate_named)
-            subject, ahead = ahead, None
-            current["job"] = job_id
-            if gate is not None:  # what the gate cost is each evaluation's own
-                gate.spent = dict.fromkeys(gate.spent, 0.0)
-            link = SubjectLink(channel.Channel(subject.judge_end), subject.process, subject.scratch, device, gate)
-            result = processes.judged(workdir, device, gate, link, confinement, networked)
-        except BaseException as exc:
-            result = processes.set_up_failure(exc)
-        if subject is not None:
-            subject.discard()  # never beside the next evaluation
+        if ahead is None or ahead.limit_mb != limit:
+            if ahead is not None:
+                ahead.discard()
+            ahead = None
+        current["job"] = job_id
+        result = _judge_one(workdir, ahead, forker, home, limit, gate, device, confinement, networked)
+        ahead = None
         forker_ended = not forker.alive()
         if forker_ended:  # only a subject could have ended it: this candidate's doing
             result = EvalResult.failed(Status.CRASHED, ErrorKind.KILLED_HARNESS,
                                        "the process that starts the judge's subjects was killed during the evaluation")
             result.hack_reasons = [HackReason.KILLED_HARNESS.value]
             result.hack_details = {HackReason.KILLED_HARNESS.value: "the candidate killed a process of the harness."}
-        _forget_evaluation(device)
         processes.report_result(report_fd, result, job_id)
+        del result
         if forker_ended:
             os._exit(0)  # the supervisor starts another host for the next evaluation
         try:
             ahead = NextSubject(forker, home, limit, gate_named)
         except ForkerGone:
             os._exit(0)
+        _forget_evaluation(device)
+
+
+def _judge_one(workdir: Path, ahead: NextSubject | None, forker: Forker, home: Path, limit: int | None,
+               gate: DeviceGate | None, device: torch.device, confinement: dict[str, str], networked: bool
+               ) -> EvalResult:
+    """One evaluation against the subject forked ahead (or a new one); its subject discarded. A function of its own
+    so that what the evaluation made (its link, tensors, mapped outputs) is gone when the judge empties its cache:
+    the next evaluation's phases would otherwise start with the last one's memory still held."""
+    subject: NextSubject | None = None
+    try:
+        subject = ahead if ahead is not None else NextSubject(forker, home, limit, gate is not None)
+        if gate is not None:  # what the gate cost is each evaluation's own
+            gate.spent = dict.fromkeys(gate.spent, 0.0)
+        link = SubjectLink(channel.Channel(subject.judge_end), subject.process, subject.scratch, device, gate)
+        return processes.judged(workdir, device, gate, link, confinement, networked)
+    except BaseException as exc:
+        return processes.set_up_failure(exc)
+    finally:
+        if subject is not None:
+            subject.discard()  # never beside the next evaluation
 
 
 def _next_job(home: Path) -> dict[str, Any]:
@@ -261,6 +278,7 @@ def _forget_evaluation(device: torch.device) -> None:
     evaluations' and its own next subject's to use), default dtype and grad mode the reference may have changed."""
     torch.set_default_dtype(torch.float32)
     torch.set_grad_enabled(True)
+    gc.collect()  # tensors of the evaluation held in reference cycles
     if device.type == "cuda":
         torch.cuda.synchronize()
         torch.cuda.empty_cache()
