@@ -13,6 +13,7 @@ import os
 import shutil
 import tempfile
 import threading
+import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -52,7 +53,7 @@ class JudgeHost:
             return evaluation, workdir
         order = self.home / f"{JOB_FILE}.tmp"
         order.write_text(json.dumps({"id": evaluation.id, "workdir": str(workdir),
-                                     "memory_limit_mb": memory_limit_mb}))
+                                     "memory_limit_mb": memory_limit_mb, "at": time.time()}))
         if owner is not None:
             os.chown(order, owner, owner)
         order.rename(self.home / JOB_FILE)

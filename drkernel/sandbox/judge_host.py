@@ -8,8 +8,8 @@ that never touches CUDA, forks a subject when the judge asks, and kills and reap
 The next subject is forked as soon as an evaluation ends, and makes its CUDA context while the judge waits.
 
 The supervisor (drkernel.runner.judge_hosts) hands over an evaluation by renaming `JOB_FILE` into the host's folder:
-{"id", "workdir", "memory_limit_mb"}, the working directory made inside that folder with its `request.json`. The host
-reports on its pipe as a one-evaluation judge does, each report tagged {"job": id}; {"uid": n} once, the uid it
+{"id", "workdir", "memory_limit_mb", "at"} ("at": when, by the clock), the working directory made inside that
+folder with its `request.json`. The host reports on its pipe as a one-evaluation judge does, each report tagged {"job": id}; {"uid": n} once, the uid it
 runs as, which must own the working directories. The forker and each subject stay in the host's PID namespace and
 process group: the supervisor kills and measures them with the judge (the forker holds about 0.15-0.25 GB of its
 own, torch's imported state).
@@ -110,9 +110,18 @@ def start_forker(job: dict[str, Any], device: torch.device, private_proc: bool) 
     pid = os.fork()
     if pid == 0:
         ours.close()
+        _keep_only(theirs.fileno())
         _forker_main(theirs, job, device, judge_pid, private_proc)
     theirs.close()
     return Forker(ours, pid)
+
+
+def _keep_only(fd: int) -> None:
+    """Close every descriptor but the standard three and `fd`: what the forker holds, each subject inherits, and the
+    judge's own (the pipe its verdicts travel on, above all) must never be in a candidate's process, where
+    /proc/self/fd would open it to read the judge's reports or write forged ones."""
+    os.closerange(3, fd)
+    os.closerange(fd + 1, os.sysconf("SC_OPEN_MAX"))
 
 
 def _forker_main(sock: socket.socket, job: dict[str, Any], device: torch.device, judge_pid: int,
@@ -147,7 +156,7 @@ def _subject(command: dict[str, Any], fd: int, job: dict[str, Any], device: torc
     """A subject forked by the forker: its memory limit, then the one-evaluation subject's own start."""
     try:
         isolate.limit_resources(command["memory_limit_mb"])
-    except BaseException:  # the judge applies the same limits to itself first: not reached in practice
+    except BaseException:  # an inherited hard limit below what an evaluation needs: the judge's own set-up says so
         os._exit(3)
     processes.subject_main(job, Path(command["scratch"]), socket.socket(fileno=fd), device, forker_pid,
                            private_proc, bool(command["gate_named"]))
@@ -187,8 +196,10 @@ def host_main(job: dict[str, Any], parent_pid: int, inherited_fds: list[int], re
     try:
         device, networked = processes.set_up_judge(job, parent_pid, inherited_fds, private_proc)
         cpu = device.type == "cpu"
-        isolate.limit_resources(job["memory_limit_mb"] if cpu else None)  # what every subject inherits, at most
+        # the forker first: a subject sets its own limits, and under the judge's its address space (the forker's,
+        # a little more than the judge's) could leave it less than an evaluation needs below a small memory cap
         forker = start_forker(job, device, private_proc)
+        isolate.limit_resources(job["memory_limit_mb"] if cpu else None)
         ctypes.CDLL(None).prctl(processes.PR_SET_DUMPABLE, 0, 0, 0, 0)
         processes.prepare_process(device, profiles=False)
         if job.get("gate"):  # opened before the judge gives up its uid: the lock files are the supervisor's
@@ -206,6 +217,7 @@ def host_main(job: dict[str, Any], parent_pid: int, inherited_fds: list[int], re
     ahead: NextSubject | None = None
     while True:
         order = _next_job(home)
+        start_latency = time.time() - order["at"]
         job_id, workdir = order["id"], Path(order["workdir"])
         channel.report(report_fd, {"job": job_id, "started": True})
         if set_up is not None:
@@ -223,6 +235,7 @@ def host_main(job: dict[str, Any], parent_pid: int, inherited_fds: list[int], re
             ahead = None
         current["job"] = job_id
         result = _judge_one(workdir, ahead, forker, home, limit, gate, device, confinement, networked)
+        result.phases_s["start_latency"] = round(start_latency, 4)  # from the hand-over to the judge
         ahead = None
         forker_ended = not forker.alive()
         if forker_ended:  # only a subject could have ended it: this candidate's doing
