@@ -20,8 +20,8 @@ distinct) and then the level-1 set. Efficiency is rate(n) / (n x rate(1)). What 
 tasks, told apart by a comment), judged on the largest count of GPUs only, in batches of `--legit-batch` through a
 fresh scheduler each: every one must be judged correct, and `harness_failures` names any that is not.
 
-`--judge-hosts`: judges that outlive their evaluations (drkernel.sandbox.judge_host), one process started per
-evaluation instead of two. DIR/every_gpu.json holds every number and each evaluation's summary (`gpu_bench.summary`).
+Judges outlive their evaluations (drkernel.sandbox.judge_host) as the scheduler's do by default, one process started
+per evaluation; `--no-judge-hosts`: a judge process per evaluation, two started. DIR/every_gpu.json holds every number and each evaluation's summary (`gpu_bench.summary`).
 """
 
 from __future__ import annotations
@@ -123,7 +123,7 @@ def compared(first: dict[str, dict], rows: dict[str, dict]) -> dict[str, Any]:
 
 
 def measure(counts: list[int], batches: dict[str, list[tuple[str, EvalRequest]]], overlap: int | None,
-            out_file: Path, device: str = "cuda", judge_hosts: bool = False) -> dict[str, Any]:
+            out_file: Path, device: str = "cuda", judge_hosts: bool = True) -> dict[str, Any]:
     """Each batch through a fresh scheduler of each count of workers; rates, efficiency, comparisons, failures.
     Written to `out_file` after each run, so that a run cut short keeps what it measured."""
     out: dict[str, Any] = {"counts": counts, "judge_hosts": judge_hosts, "batches": {}}
@@ -169,7 +169,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--legit", type=int, default=0,
                         help="distinct legitimate candidates more, on the largest count of GPUs")
     parser.add_argument("--legit-batch", type=int, default=250, help="of --legit, how many a scheduler judges")
-    parser.add_argument("--judge-hosts", action="store_true", help="judges that outlive their evaluations")
+    parser.add_argument("--judge-hosts", action=argparse.BooleanOptionalAction, default=True,
+                        help="judges that outlive their evaluations (--no-judge-hosts: a judge per evaluation)")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
     try:

@@ -140,7 +140,7 @@ def section_kernelbench(args: argparse.Namespace) -> dict:
 
 
 def run_batch(pairs: list[tuple[str, EvalRequest]], tag: str, overlap: int | None, device: str = "cuda",
-              workers: int | None = None, judge_hosts: bool = False) -> dict:
+              workers: int | None = None, judge_hosts: bool = True) -> dict:
     """The problems through a fresh scheduler with a cold Triton cache: rate, overheads, per-phase medians. Two
     rates: `per_minute` from the scheduler's construction to its close (its start-up included), and
     `per_minute_running` from the submission, once its worker is up, to the last result (what a long-lived

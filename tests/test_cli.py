@@ -98,10 +98,12 @@ def test_one_parser_names_every_engine():
     assert legacy_engine_name(service="http://h:1") == "http://h:1" and legacy_engine_name() is None
     with pytest.raises(UsageError):
         EngineConfig(workers=0)
-    assert EngineConfig(judge_hosts=True).judge_hosts  # judges that outlive their evaluations: embedded only
+    # judges that outlive their evaluations: the default; turned off for the embedded engine only
+    assert EngineConfig().judge_hosts and not EngineConfig(judge_hosts=False).judge_hosts
     for elsewhere in ("ray:auto", "http://evalhost:8000"):
-        with pytest.raises(UsageError, match="judge_hosts applies to the embedded engine only"):
-            EngineConfig(elsewhere, judge_hosts=True)
+        assert EngineConfig(elsewhere).judge_hosts
+        with pytest.raises(UsageError, match="turning judge hosts off applies to the embedded engine only"):
+            EngineConfig(elsewhere, judge_hosts=False)
 
 
 def _seen_by_run_batch(monkeypatch, *args: str):

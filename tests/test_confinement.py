@@ -7,6 +7,7 @@ the CLI and the service is searched for the secrets.
 
 from __future__ import annotations
 
+import ast
 import glob
 import os
 import sqlite3
@@ -106,7 +107,11 @@ def test_the_layers_are_applied_and_reported(supervisor: Supervisor, planted: li
         assert layers["landlock"].startswith(f"abi {abi}")
     if ROOT or os.environ.get("DRKERNEL_TEST_EXPECT_UID"):  # as an ordinary user, in a user namespace
         assert layers["pid_namespace"] == "private, own /proc"
-        assert result.error.message == "['1', '2', '3']"  # the reaper (PID 1), the judge, itself: no other process
+        seen = ast.literal_eval(result.error.message)
+        if supervisor.hosts is None:  # the reaper (PID 1), the judge, itself: no other process
+            assert seen == ["1", "2", "3"]
+        else:  # the reaper, the judge host, at most its forker, and itself
+            assert {"1", "2"} <= set(seen) and len(seen) <= 4, seen
     if ROOT:
         assert layers["uid"] == "65534" or layers["uid"].startswith("0 without capabilities")
     good = supervisor.run(EvalRequest(REFERENCE, GOOD, options()))
@@ -114,7 +119,8 @@ def test_the_layers_are_applied_and_reported(supervisor: Supervisor, planted: li
     assert {k: v for k, v in good.environment.confinement.items() if not k.startswith("subject_")} == layers
     assert good.environment.confinement["subject_channel"].startswith("the candidate's threads cannot reach it")
     assert good.environment.confinement["subject_seccomp"].startswith("no tracing")
-    assert 0 <= good.phases_s["confine"] < 1.0
+    if supervisor.hosts is None:  # a judge host confines itself once, and its subject before the evaluation
+        assert 0 <= good.phases_s["confine"] < 1.0
 
 
 def test_drkernel_evaluate_returns_no_secret(planted: list[str]) -> None:

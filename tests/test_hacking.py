@@ -116,9 +116,9 @@ def results(request: pytest.FixtureRequest) -> Iterator[dict[Path, Future[EvalRe
         try:
             supervisor = supervisors.get_nowait()
         except queue.Empty:
-            # as drkernel.evaluate makes one for the default device; with DRKERNEL_TEST_JUDGE_HOSTS=1, judges that
-            # outlive their evaluations (drkernel.sandbox.judge_host) judge every candidate
-            supervisor = supervisor_for(EvalOptions(), judge_hosts=os.environ.get("DRKERNEL_TEST_JUDGE_HOSTS") == "1")
+            # as drkernel.evaluate makes one for the default device (judges that outlive their evaluations); with
+            # DRKERNEL_TEST_JUDGE_HOSTS=0, a judge process per evaluation
+            supervisor = supervisor_for(EvalOptions(), judge_hosts=os.environ.get("DRKERNEL_TEST_JUDGE_HOSTS") != "0")
             made.append(supervisor)
         try:
             return evaluate_file(path, supervisor)

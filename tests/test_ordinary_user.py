@@ -56,11 +56,11 @@ def test_the_guarding_suites_pass_as_an_ordinary_user(user_namespaces_here: None
     assert " passed" in tail and " failed" not in tail, tail
 
 
-def test_the_red_team_through_judge_hosts_as_an_ordinary_user(user_namespaces_here: None) -> None:
-    """Every exploit and legitimate candidate again, each judged by a judge that outlives its evaluations."""
+def test_the_red_team_with_a_judge_per_evaluation_as_an_ordinary_user(user_namespaces_here: None) -> None:
+    """Every exploit and legitimate candidate again, each judged by a judge process of its own (judge hosts off)."""
     proc = _run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--rootdir", str(REPO),
                  "--basetemp", f"/home/drkernel-test-{UID}/pytest", str(REPO / "tests" / "test_hacking.py")],
-                extra_env={"DRKERNEL_TEST_JUDGE_HOSTS": "1"})
+                extra_env={"DRKERNEL_TEST_JUDGE_HOSTS": "0"})
     tail = (proc.stdout + proc.stderr)[-4000:]
     assert proc.returncode == 0 and " passed" in tail and " failed" not in tail, tail
 

@@ -68,33 +68,32 @@ def test_cpu_evaluations_and_a_lost_actor() -> None:
     assert sum(w["completed"] for w in workers) == len(futures)  # one result each, none lost nor doubled
 
 
-def test_an_actor_prepares_the_next_evaluations_and_runs_one_at_a_time() -> None:
-    """Held evaluations are forked as they arrive (their job folders appear), but only one runs its candidate."""
+def test_an_actor_runs_one_candidate_at_a_time_through_its_judge_host() -> None:
+    """An actor's evaluations are handed to its judge host one at a time (the next subject forked ahead while the
+    judge waits): never two candidates running at once on one actor."""
     marker = f"drkernel-ray-turns-{uuid.uuid4().hex}"
     prefix = f"import time\nprint({marker!r}, flush=True)\ntime.sleep(1.0)\n"
     requests = [example("1_vector_add", "1_vector_add__triton", prefix=prefix) for _ in range(3)]
     root = Path(tempfile.gettempdir())  # the actors' too: they inherit this process's environment
 
-    def jobs_with(name: str) -> int:
+    def running() -> int:
         count = 0
-        for path in root.glob(f"drkernel-*/job-*/{name}"):
-            with contextlib.suppress(OSError):  # a finished job's folder vanishes
+        for path in root.glob("drkernel-*/judge-*/subject-*/subject/stdout.txt"):  # the candidate's output
+            with contextlib.suppress(OSError):  # a finished evaluation's folder vanishes
                 count += marker in path.read_text(errors="replace")
         return count
 
     backend = RayBackend(device="cpu", num_cpus_per_eval=2)  # one actor takes both CPUs
-    most_prepared = most_running = 0
+    most_running = 0
     try:
         futures = [backend.submit(r) for r, _ in requests]
         while not all(f.done() for f in futures):
-            most_prepared = max(most_prepared, jobs_with("request.json"))
-            most_running = max(most_running, jobs_with("subject/stdout.txt"))  # the candidate's output
+            most_running = max(most_running, running())
             time.sleep(0.05)
         results = [f.result() for f in futures]
     finally:
         backend.close()
     assert [r.status for r in results] == [expected for _, expected in requests]
-    assert most_prepared == 3  # all three forked while the first ran
     assert most_running == 1
 
 

@@ -52,7 +52,10 @@ def stalled(seconds: float) -> str:
 
 def started(root: Path) -> bool:
     """Whether a stalled candidate has started, in a sandbox whose temporary folder is `root` (TMPDIR)."""
-    for output in root.glob("drkernel-*/job-*/subject/stdout.txt"):  # the candidate's process writes there
+    # the candidate's process writes there: in its judge host's folder, or in its evaluation's (a judge per evaluation)
+    outputs = [*root.glob("drkernel-*/judge-*/subject-*/subject/stdout.txt"),
+               *root.glob("drkernel-*/job-*/subject/stdout.txt")]
+    for output in outputs:
         with contextlib.suppress(OSError):  # its job may end and vanish meanwhile
             if STARTED in output.read_text(errors="replace"):
                 return True

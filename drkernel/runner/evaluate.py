@@ -27,7 +27,7 @@ def with_overrides(options: EvalOptions | None, **overrides: Any) -> EvalOptions
     return EvalOptions.from_dict({**(options or EvalOptions()).to_dict(), **overrides})
 
 
-def supervisor_for(options: EvalOptions, judge_hosts: bool = False) -> Supervisor:
+def supervisor_for(options: EvalOptions, judge_hosts: bool = True) -> Supervisor:
     """A supervisor of evaluations on the device the options ask for (on a GPU machine, the first GPU); the caller
     closes it. `judge_hosts`: see `Supervisor`."""
     device = resolve_device(options.device)

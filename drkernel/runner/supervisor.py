@@ -67,10 +67,10 @@ class Supervisor:
         bytecode_cache: str | Path | None = None,
         memory_cap_mb: int | None = None,
         overlap: int | None = None,
-        judge_hosts: bool = False,
+        judge_hosts: bool = True,
     ) -> None:
         """`judge_hosts`: each evaluation slot's judge outlives its evaluations (drkernel.sandbox.judge_host), so an
-        evaluation starts one process (its subject) instead of two."""
+        evaluation starts one process (its subject) instead of two; False: a judge process per evaluation."""
         if device not in ("cpu", "cuda"):
             raise ValueError(f"a supervisor runs evaluations on cpu or cuda, not {device!r}")
         if device == "cuda" and gpu is None:

@@ -43,9 +43,10 @@ class EngineConfig:
     result_cache: int = field(default=DEFAULT_ENTRIES, metadata={
         "help": "Verdicts of identical answers the embedded engine keeps; 0: off.", "min": 0,
     })
-    judge_hosts: bool = field(default=False, metadata={
+    judge_hosts: bool = field(default=True, metadata={
         "help": "Embedded engine: judges that outlive their evaluations, one per evaluation slot, so an evaluation "
-                "starts one process (its subject) instead of two; not yet measured on a GPU.",
+                "starts one process (its subject) instead of two; off: a judge process per evaluation. A service's "
+                "workers choose with `drkernel worker`'s flag; Ray's actors use judge hosts.",
     })
     token_env: str = field(default="DRKERNEL_TOKEN", metadata={
         "help": "The environment variable holding the service's bearer token.",
@@ -57,8 +58,9 @@ class EngineConfig:
             raise UsageError(f"workers must be at least 1, not {self.workers}")
         if self.result_cache < 0:
             raise UsageError(f"result_cache must be >= 0 (0 switches it off), not {self.result_cache}")
-        if self.judge_hosts and self.kind != "embedded":
-            raise UsageError(f"judge_hosts applies to the embedded engine only, not to {self.name}")
+        if not self.judge_hosts and self.kind != "embedded":
+            raise UsageError(f"turning judge hosts off applies to the embedded engine only, not to {self.name} "
+                             "(a service's workers: drkernel worker --no-judge-hosts)")
 
     @property
     def kind(self) -> str:

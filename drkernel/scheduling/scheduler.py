@@ -71,11 +71,12 @@ class _Slot:
 class Scheduler:
     def __init__(
         self, device: str = "auto", workers: int | None = None, max_attempts: int = 3, overlap: int | None = None,
-        cache_entries: int = DEFAULT_ENTRIES, judge_hosts: bool = False,
+        cache_entries: int = DEFAULT_ENTRIES, judge_hosts: bool = True,
     ) -> None:
         """`cache_entries`: verdicts kept for identical requests (least recently used dropped); 0 switches the
         cache off, every request then runs. `judge_hosts`: each evaluation slot's judge outlives its evaluations
-        (drkernel.sandbox.judge_host): one process started per evaluation instead of two."""
+        (drkernel.sandbox.judge_host): one process started per evaluation instead of two; False: a judge process
+        per evaluation."""
         self.device = resolve_device(device)
         if cache_entries < 0:
             raise ValueError("cache_entries must be >= 0 (0 switches the result cache off)")

@@ -61,8 +61,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--memory-cap-mb", type=int, default=None)
     parser.add_argument("--overlap", type=int, default=None,
                         help=f"evaluations running at once (default: {GPU_OVERLAP} on a GPU)")
-    parser.add_argument("--judge-hosts", action="store_true",
-                        help="judges that outlive their evaluations: one process started per evaluation, not two")
+    parser.add_argument("--judge-hosts", action=argparse.BooleanOptionalAction, default=True,
+                        help="judges that outlive their evaluations: one process started per evaluation, not two "
+                             "(--no-judge-hosts: a judge process per evaluation)")
     args = parser.parse_args(argv)
     signal.signal(signal.SIGTERM, _terminated)  # before the fork server starts: it is closed on the way out
     out = os.fdopen(os.dup(1), "w")
