@@ -719,6 +719,7 @@ def test_a_subject_that_aborts_is_one_crash_by_signal_with_the_cause_its_stderr_
     theirs.close()
     os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT)  # dead, not yet reaped: as the judge finds it
     link = SubjectLink(Channel(ours), ChildSubject(pid), tmp_path, torch.device("cuda"), None)
+    link.candidate_handed = True  # it died running the candidate
     first = link._died(ChannelClosed("the subject closed the connection"))
     again = link._died(ChannelClosed("the subject closed the connection"))  # the phase's clean-up asking it
     assert again is first and (first.status, first.kind) == (Status.CRASHED, "Signal")
@@ -982,3 +983,33 @@ print("swapped:", report(guard))
     lines = dict(line.split(":", 1) for line in out.stdout.splitlines())
     assert lines["dynamo"].strip() == "" and lines["rewrapped"].strip() == ""
     assert "torch.manual_seed" in lines["other"] and "torch.manual_seed" in lines["swapped"]
+
+
+def test_a_subject_that_ends_before_it_is_given_the_candidate_is_the_harness_s_failure(tmp_path) -> None:
+    """A subject forked ahead that ends before the judge hands it the candidate (a limit it could not set, a kill
+    from outside) ran no candidate code: a harness failure the scheduler runs again, never `exit_called`. The same
+    end once the candidate was handed over is the candidate's."""
+    import os
+    import socket
+
+    from drkernel.sandbox.channel import Channel, ChannelClosed
+    from drkernel.sandbox.subject_link import ChildSubject, SubjectLink
+    from drkernel.schema import ErrorKind, Status
+
+    def ended_subject(handed: bool):
+        ours, theirs = socket.socketpair()
+        pid = os.fork()
+        if pid == 0:
+            os._exit(3)
+        theirs.close()
+        os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT)
+        link = SubjectLink(Channel(ours), ChildSubject(pid), tmp_path, torch.device("cpu"), None)
+        link.candidate_handed = handed
+        return link, link._died(ChannelClosed("the subject closed the connection"))
+
+    link, before = ended_subject(handed=False)
+    assert (before.status, before.kind) == (Status.CRASHED, ErrorKind.SANDBOX_ERROR) and not link.reported
+    assert "before it was given the candidate (exit code 3)" in before.message
+    link, after = ended_subject(handed=True)
+    assert (after.status, after.kind) == (Status.CRASHED, ErrorKind.EXIT)
+    assert [finding.code for finding in link.reported] == ["exit_called"]

@@ -33,7 +33,7 @@ from drkernel.sandbox.kernel_checks import AblationPhase, ProfilePhase
 from drkernel.sandbox.reference import Reference, load_reference
 from drkernel.sandbox.startup import call_dynamo_disabled_directly, environment
 from drkernel.sandbox.loading import trimmed_traceback
-from drkernel.sandbox.subject_link import SubjectLink
+from drkernel.sandbox.subject_link import LOAD_OP, SubjectLink
 from drkernel.sandbox.timing_phase import TimingPhase
 from drkernel.sandbox.verdict import Failure, PhaseOutcome, establish, established_by
 from drkernel.schema import Correctness, ErrorKind, EvalRequest, EvalResult, Status
@@ -99,7 +99,7 @@ def load_candidate(ctx: JudgeContext, reference: Reference, result: EvalResult) 
     its static checks saw, and its own confinement goes into the result as the subject's word (`subject_*`): shown,
     never decisive."""
     opts = ctx.options
-    reply, _ = ctx.link.ask("load", {"init_inputs": reference.init_inputs}, candidate=ctx.request.candidate,
+    reply, _ = ctx.link.ask(LOAD_OP, {"init_inputs": reference.init_inputs}, candidate=ctx.request.candidate,
                             seed=opts.seed, check_hacks=opts.check_hacks, allow_torch_glue=opts.allow_torch_glue)
     layers = reply.get("confinement")
     if isinstance(layers, dict) and result.environment is not None:

@@ -27,6 +27,7 @@ from drkernel.sandbox.verdict import Failure, Finding
 from drkernel.schema import ErrorKind, Status
 
 STOP_WAIT_S = 2.0  # how long the judge waits to learn how the subject ended
+LOAD_OP = "load"  # the request that gives the subject the candidate (drkernel.sandbox.subject: `load`)
 STDERR_TAIL = 3000
 STDERR_CAUSE = re.compile(  # lines worth keeping: C++ and CUDA errors, Python's, the C library's heap checks
     r"terminate called|what\(\):|CUDA error|\w+Error\b:|Assertion|(?:malloc|free)\(\)|corrupted")
@@ -121,6 +122,7 @@ class SubjectLink:
         self.peak_bytes = 0  # the most the subject's allocator held in a request since this was last set to 0
         self._kept_mapping: Any = None  # the values mapped last, kept open until the next are (`map_and_keep`)
         self.death: Failure | None = None  # how the subject ended, once the judge has seen it
+        self.candidate_handed = False  # whether the subject has been given the candidate: before, no candidate code ran
 
     def ask(self, op: str, values: dict[str, Any] | None = None, **fields: Any) -> tuple[dict[str, Any], list]:
         """The subject's reply to a request with `values` (left as they are) and `fields`."""
@@ -144,6 +146,7 @@ class SubjectLink:
             values.clear()
         try:
             self.conn.send(header, encoder.payloads)
+            self.candidate_handed = self.candidate_handed or op == LOAD_OP
             reply, payloads = self._reply()
         except (ChannelClosed, channel.BadMessage) as exc:
             raise self._died(exc) from None
@@ -266,6 +269,12 @@ class SubjectLink:
     def _classify_death(self, exc: Exception) -> Failure:
         status = self.stop()
         tail, causes = stderr_causes(self.scratch / "stderr.txt")
+        if not self.candidate_handed:  # no candidate code ran in it: the harness's failure, run again
+            how = (f"killed by signal {os.WTERMSIG(status)}" if status is not None and os.WIFSIGNALED(status) else
+                   f"exit code {os.WEXITSTATUS(status)}" if status is not None else "its end unknown")
+            return Failure(Status.CRASHED, ErrorKind.SANDBOX_ERROR,
+                           f"the subject process ended before it was given the candidate ({how}): the harness's "
+                           "failure", tail)
         if isinstance(exc, channel.BadMessage):
             return Failure(Status.CRASHED, ErrorKind.BAD_REPLY, f"the candidate's process broke the protocol: {exc}",
                            tail)
