@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Judge hosts on a host of several GPUs, one call per mode (each under ten minutes), writing to $OUT:
-#   rates     the RL-shaped batch (32 tasks x 8, 256 distinct: a smaller share of ramp and tail) and the level-1 set
+#   rates     the RL-shaped batch (24 tasks x 8, 192 distinct: a smaller share of ramp and tail) and the level-1 set
 #             through judge hosts on 1 and 4 GPUs, and with a judge per evaluation on 1 GPU, in one run
 #   legit     1,000 distinct legitimate candidates on 4 GPUs through judge hosts, in batches of 250
 #   redteam   the red team through judge hosts as root (q15 included), then with a judge per evaluation on GPU 1
@@ -11,9 +11,9 @@ export PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1 DRKERNEL_KERNELBENCH=$PWD/.k
 E="python3 benchmarks/every_gpu.py"
 case "${1:?mode: rates, legit or redteam}" in
   rates)
-    timeout 400 $E --gpus 1,4 --synthetic-n 32 --rl-samples 8 --level1 20 --out /tmp/h > $OUT/hosts.log 2>&1
+    timeout 400 $E --gpus 1,4 --synthetic-n 24 --rl-samples 8 --level1 20 --out /tmp/h > $OUT/hosts.log 2>&1
     gzip -c /tmp/h/every_gpu.json > $OUT/hosts.json.gz
-    timeout 150 $E --gpus 1 --synthetic-n 12 --rl-samples 8 --level1 0 --no-judge-hosts --out /tmp/p > $OUT/per-eval.log 2>&1
+    timeout 200 $E --gpus 1 --synthetic-n 24 --rl-samples 8 --level1 0 --no-judge-hosts --out /tmp/p > $OUT/per-eval.log 2>&1
     gzip -c /tmp/p/every_gpu.json > $OUT/per-eval.json.gz ;;
   legit)
     timeout 540 $E --gpus 4 --synthetic-n 0 --level1 0 --legit 1000 --legit-batch 250 --out /tmp/l > $OUT/legit.log 2>&1
