@@ -108,12 +108,16 @@ def test_judge_hosts_at_once_share_the_devices_gate() -> None:
     assert all(r.phases_s["gate_alone"] > 0 for r in results)  # each timed alone, and each its own account
 
 
-def test_a_scheduler_with_judge_hosts_gives_every_verdict() -> None:
+@pytest.mark.parametrize("judge_hosts", [True, False], ids=["judge-hosts", "a-judge-per-evaluation"])
+def test_a_scheduler_gives_every_verdict_with_the_judges_it_was_asked_for(judge_hosts: bool) -> None:
+    """Its workers judge as the scheduler says: a judge per evaluation confines itself in each evaluation's time
+    (a `confine` phase), a judge host once before its first."""
     names = ["2_relu__triton", "2_relu__wrong", "2_relu__pytorch_only", "2_relu__triton"]
     requests = [EvalRequest(TASK, (CANDIDATES / f"{n}.py").read_text(), OPTIONS) for n in names]
-    with Scheduler(device="cpu", workers=1, judge_hosts=True, cache_entries=0) as scheduler:
-        statuses = [r.status for r in scheduler.evaluate_many(requests)]
-    assert statuses == ["correct", "incorrect", "hacked", "correct"]
+    with Scheduler(device="cpu", workers=1, judge_hosts=judge_hosts, cache_entries=0) as scheduler:
+        results = scheduler.evaluate_many(requests)
+    assert [r.status for r in results] == ["correct", "incorrect", "hacked", "correct"]
+    assert all(("confine" in r.phases_s) is not judge_hosts for r in results)
 
 
 def test_the_red_team_through_judge_hosts() -> None:

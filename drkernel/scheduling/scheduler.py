@@ -210,8 +210,7 @@ class Scheduler:
             command += ["--gpu", slot.gpu]
         if self.overlap is not None:
             command += ["--overlap", str(self.overlap)]
-        if self.judge_hosts:
-            command.append("--judge-hosts")
+        command.append("--judge-hosts" if self.judge_hosts else "--no-judge-hosts")
         log = open(os.path.join(self._log_dir, f"{slot.name}.log"), "ab")
         process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log)
         log.close()
