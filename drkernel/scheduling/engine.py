@@ -45,8 +45,8 @@ class EngineConfig:
     })
     judge_hosts: bool = field(default=True, metadata={
         "help": "Embedded engine: judges that outlive their evaluations, one per evaluation slot, so an evaluation "
-                "starts one process (its subject) instead of two; off: a judge process per evaluation. A service's "
-                "workers choose with `drkernel worker`'s flag; Ray's actors use judge hosts.",
+                "starts one process (its subject) instead of two; off: a judge process per evaluation. A service "
+                "decides for its own workers (`drkernel serve --no-judge-hosts`); Ray's actors use judge hosts.",
     })
     token_env: str = field(default="DRKERNEL_TOKEN", metadata={
         "help": "The environment variable holding the service's bearer token.",
@@ -60,7 +60,7 @@ class EngineConfig:
             raise UsageError(f"result_cache must be >= 0 (0 switches it off), not {self.result_cache}")
         if not self.judge_hosts and self.kind != "embedded":
             raise UsageError(f"turning judge hosts off applies to the embedded engine only, not to {self.name} "
-                             "(a service's workers: drkernel worker --no-judge-hosts)")
+                             "(a service decides for its own workers: drkernel serve --no-judge-hosts)")
 
     @property
     def kind(self) -> str:
