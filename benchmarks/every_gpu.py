@@ -123,10 +123,13 @@ def compared(first: dict[str, dict], rows: dict[str, dict]) -> dict[str, Any]:
 
 
 def measure(counts: list[int], batches: dict[str, list[tuple[str, EvalRequest]]], overlap: int | None,
-            out_file: Path, device: str = "cuda", judge_hosts: bool = True) -> dict[str, Any]:
+            out_file: Path, device: str = "cuda", judge_hosts: bool = True,
+            out: dict[str, Any] | None = None) -> dict[str, Any]:
     """Each batch through a fresh scheduler of each count of workers; rates, efficiency, comparisons, failures.
-    Written to `out_file` after each run, so that a run cut short keeps what it measured."""
-    out: dict[str, Any] = {"counts": counts, "judge_hosts": judge_hosts, "batches": {}}
+    Added to `out` (a new record if None) and written to `out_file` after each run, so that a run cut short keeps
+    what it measured."""
+    if out is None:
+        out = {"counts": counts, "judge_hosts": judge_hosts, "batches": {}}
     for label, pairs in batches.items():
         if not pairs:
             continue
@@ -179,6 +182,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--gpus takes counts separated by commas, not {args.gpus!r}")
     if not counts or min(counts) < 1:
         parser.error("--gpus needs counts of at least 1")
+    if args.legit_batch < 1:
+        parser.error("--legit-batch needs at least 1")
     if args.level1 and not args.kernelbench.is_file():
         parser.error("the level-1 set needs KernelBench's JSONL: --kernelbench or $DRKERNEL_KERNELBENCH (or --level1 0)")
     from drkernel.tasks.synthetic import generate
@@ -187,23 +192,20 @@ def main(argv: list[str] | None = None) -> int:
     tasks = generate("test", args.synthetic_n, seed=0, shape_scale=args.synthetic_scale) if args.synthetic_n else []
     level1 = [(name, dataclasses.replace(request, options=options))
               for name, request in gpu_bench.kernelbench_pairs(args.kernelbench)[: args.level1]] if args.level1 else []
-    if args.legit_batch < 1:
-        parser.error("--legit-batch needs at least 1")
     args.out.mkdir(parents=True, exist_ok=True)
     measured = measure(counts, {"rl": distinct_batch(tasks, options, args.rl_samples), "level1": level1},
                        args.overlap, args.out / "every_gpu.json", args.device, args.judge_hosts)
     legit = legitimate_batch(args.legit, options, args.synthetic_scale)
     failures: list[dict[str, Any]] = []
-    for start in range(0, len(legit), args.legit_batch):  # the file rewritten after each batch: a cut run keeps them
+    for start in range(0, len(legit), args.legit_batch):
         label = f"legit{start // args.legit_batch + 1}"
-        chunk = measure([max(counts)], {label: legit[start:start + args.legit_batch]}, args.overlap,
-                        args.out / f"{label}.json", args.device, args.judge_hosts)
-        measured["batches"][label] = runs = chunk["batches"][label]
-        failures += [entry for run in runs.values() for entry in run["harness_failures"]]
+        measure([max(counts)], {label: legit[start:start + args.legit_batch]}, args.overlap,
+                args.out / "every_gpu.json", args.device, args.judge_hosts, out=measured)
+        failures += [entry for run in measured["batches"][label].values() for entry in run["harness_failures"]]
         measured["legit"] = {"evaluations": min(len(legit), start + args.legit_batch), "gpus": max(counts),
                              "harness_failures": len(failures)}
-        (args.out / "every_gpu.json").write_text(json.dumps(measured, indent=1))
     if legit:
+        (args.out / "every_gpu.json").write_text(json.dumps(measured, indent=1))
         print(f"legitimate: {len(legit)} on {max(counts)} GPU(s), {len(failures)} harness failures", flush=True)
     return 0
 

@@ -291,7 +291,9 @@ def _forget_evaluation(device: torch.device) -> None:
     evaluations' and its own next subject's to use), default dtype and grad mode the reference may have changed."""
     torch.set_default_dtype(torch.float32)
     torch.set_grad_enabled(True)
-    gc.collect()  # tensors of the evaluation held in reference cycles
+    # between evaluations, not inside one: this process lives on, and an automatic full pass could land in the
+    # next evaluation's phases (drkernel.sandbox.processes.freeze_start_up); it also frees tensors in cycles
+    gc.collect()
     if device.type == "cuda":
         torch.cuda.synchronize()
         torch.cuda.empty_cache()
